@@ -1,0 +1,11 @@
+"""GRPO training entry point.
+
+python src/grpo.py --config recipes/<model>/grpo/config_<task>.yaml [--key value ...]
+"""
+
+import sys
+
+from maxent_grpo.train import cli_main
+
+if __name__ == "__main__":
+    sys.exit(cli_main(sys.argv[1:]))

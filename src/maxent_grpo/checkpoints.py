@@ -1,0 +1,144 @@
+"""Complete checkpoints: which ones exist, which one to resume, which ones to delete.
+
+HF Trainer writes `checkpoint-N/` in place, so a job killed mid-save leaves a directory that
+looks like a checkpoint but is not one, and `get_last_checkpoint` would pick it. We write a
+marker file after every file of the checkpoint is on disk (all ranks done, fsynced) and only
+ever resume from, or keep, checkpoints that have it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CHECKPOINT_MARKER = "maxent_grpo_complete.json"
+RUN_MARKER = "maxent_grpo_training_complete.json"
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path
+    complete: bool
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Checkpoint]:
+    """All `checkpoint-N` directories in output_dir, oldest step first."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = _CHECKPOINT_RE.match(entry.name)
+        if match and entry.is_dir():
+            complete = (entry / CHECKPOINT_MARKER).is_file()
+            found.append(Checkpoint(int(match.group(1)), entry, complete))
+    return sorted(found, key=lambda c: c.step)
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The checkpoint to resume from: the newest one whose save finished."""
+    complete = [c for c in list_checkpoints(output_dir) if c.complete]
+    return complete[-1].path if complete else None
+
+
+def checkpoints_to_delete(checkpoints: list[Checkpoint], keep: int | None) -> list[Path]:
+    """Rotation that can never delete the checkpoint resume needs.
+
+    Keeps the newest `keep` complete checkpoints (all when keep is None or < 1) and removes
+    incomplete ones older than the newest complete one (debris of an interrupted save).
+    Incomplete ones newer than that are left alone: a save may be in progress.
+    """
+    complete = [c for c in checkpoints if c.complete]
+    if not complete:
+        return []
+    newest = complete[-1].step
+    doomed = [c.path for c in checkpoints if not c.complete and c.step < newest]
+    if keep is not None and keep >= 1:
+        doomed += [c.path for c in complete[:-keep]]
+    return sorted(doomed)
+
+
+def _fsync_tree(path: Path) -> None:
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write JSON so that readers see either nothing or the whole file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(payload, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def mark_checkpoint_complete(checkpoint_dir: str | os.PathLike, step: int) -> None:
+    path = Path(checkpoint_dir)
+    _fsync_tree(path)
+    write_json_atomic(path / CHECKPOINT_MARKER, {"step": step, "time": time.time()})
+
+
+def delete_checkpoints(paths: list[Path]) -> None:
+    for path in paths:
+        # Drop the marker first: a kill mid-delete leaves an incomplete, never-picked dir.
+        (path / CHECKPOINT_MARKER).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def mark_run_complete(output_dir: str | os.PathLike, info: dict) -> None:
+    write_json_atomic(Path(output_dir) / RUN_MARKER, {**info, "time": time.time()})
+
+
+def run_is_complete(output_dir: str | os.PathLike) -> bool:
+    return (Path(output_dir) / RUN_MARKER).is_file()
+
+
+class CompleteCheckpointsMixin:
+    """Trainer mixin: mark checkpoints complete after saving, rotate only complete ones.
+
+    Mixed in before TRL's trainer class (`class T(CompleteCheckpointsMixin, GRPOTrainer)`).
+    """
+
+    def _save_checkpoint(self, model, trial):
+        run_dir = Path(self._get_output_dir(trial=trial))
+        checkpoint_dir = run_dir / f"checkpoint-{self.state.global_step}"
+        if (checkpoint_dir / CHECKPOINT_MARKER).is_file():
+            # Already saved at this step (e.g. a stop signal right after a periodic save):
+            # rewriting it would make a complete checkpoint incomplete for a while.
+            return
+        # TRL/HF rotate inside _save_checkpoint, before we could mark the new one complete:
+        # a kill in between would leave nothing to resume. Rotate ourselves, afterwards.
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            mark_checkpoint_complete(checkpoint_dir, self.state.global_step)
+            delete_checkpoints(checkpoints_to_delete(list_checkpoints(run_dir), limit))
+        self.accelerator.wait_for_everyone()

@@ -1,0 +1,79 @@
+"""Checks that need no GPU and no model: run before a job is queued and again at start."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+from maxent_grpo.configs import ConfigError, check_batch_arithmetic
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~", ".cache")) or os.path.exists(name)
+
+
+def check_model_path(model_name_or_path: str | None) -> None:
+    if not model_name_or_path:
+        raise ConfigError("model_name_or_path: not set; give a local model directory or a hub id")
+    if _looks_local(model_name_or_path):
+        path = Path(model_name_or_path).expanduser()
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"model_name_or_path: {model_name_or_path!r} is not a model directory "
+                "(no config.json); fix the path or use a hub id"
+            )
+
+
+def check_output_dir(output_dir: str | None) -> None:
+    """The output directory must be creatable and writable before any training starts."""
+    if not output_dir:
+        raise ConfigError("output_dir: not set; give a writable directory")
+    path = Path(output_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"output_dir: {output_dir!r} is not writable ({exc.strerror}); choose another directory"
+        ) from None
+
+
+def check_rewards(script_args, training_args) -> None:
+    from maxent_grpo.rewards import get_reward_funcs
+
+    funcs = get_reward_funcs(
+        script_args.reward_funcs,
+        **script_args.reward_settings(training_args.max_completion_length),
+    )
+    weights = training_args.reward_weights
+    if weights is not None and len(weights) != len(funcs):
+        raise ConfigError(
+            f"reward_weights: {len(weights)} weights for {len(funcs)} reward_funcs "
+            f"({', '.join(script_args.reward_funcs)}); give one weight per reward function"
+        )
+
+
+def check_recipe(script_args, training_args, model_args, num_processes: int | None = None):
+    """Validate what can be validated without a model. Returns the parsed dataset mixture.
+
+    num_processes: the planned number of training processes (the launcher knows it before
+    the job starts); by default the batch arithmetic was already checked at parse time.
+    """
+    from maxent_grpo.data import parse_mixture, preflight_columns
+
+    if num_processes is not None:
+        check_batch_arithmetic(
+            training_args.per_device_train_batch_size,
+            num_processes,
+            training_args.steps_per_generation or training_args.gradient_accumulation_steps,
+            training_args.num_generations,
+        )
+    mixture = parse_mixture(script_args.dataset_mixture, "dataset_mixture")
+    check_model_path(model_args.model_name_or_path)
+    check_rewards(script_args, training_args)
+    preflight_columns(dataclasses.replace(script_args, dataset_mixture=mixture))
+    check_output_dir(training_args.output_dir)
+    return mixture

@@ -1,0 +1,168 @@
+"""The training entry point shared by `src/grpo.py` and `src/maxent-grpo.py`.
+
+main() is deliberately thin: data, rewards, tokenizer, TRL trainer, resume from the last
+complete checkpoint, final save, completion marker. Everything that can be checked before a
+model is loaded is checked first (preflight), so a bad recipe costs seconds, not a GPU slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from pathlib import Path
+
+from maxent_grpo.checkpoints import (
+    CompleteCheckpointsMixin,
+    last_complete_checkpoint,
+    mark_run_complete,
+    run_is_complete,
+)
+from maxent_grpo.errors import EXIT_USER_ERROR, UserError
+
+logger = logging.getLogger("maxent_grpo")
+
+
+def _setup_logging(training_args) -> None:
+    import datasets
+    import transformers
+
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        format=f"%(asctime)s %(levelname)s [rank{rank}] %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stdout,
+    )
+    level = training_args.get_process_log_level()
+    logger.setLevel(level)
+    datasets.utils.logging.set_verbosity(level)
+    transformers.utils.logging.set_verbosity(level)
+
+
+def _export_wandb_settings(training_args) -> None:
+    for key, env in (
+        ("wandb_entity", "WANDB_ENTITY"),
+        ("wandb_project", "WANDB_PROJECT"),
+        ("wandb_run_group", "WANDB_RUN_GROUP"),
+    ):
+        value = getattr(training_args, key)
+        if value:
+            os.environ[env] = value
+
+
+def load_tokenizer(model_args, training_args):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+    )
+    if training_args.chat_template is not None:
+        tokenizer.chat_template = training_args.chat_template
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _model_init_kwargs(model_args, training_args) -> dict:
+    kwargs = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": training_args.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+    }
+    kwargs.update(training_args.model_init_kwargs or {})
+    return kwargs
+
+
+def grpo_trainer_class():
+    """TRL's GRPOTrainer with complete-checkpoint marking (imported lazily: TRL is slow)."""
+    import trl
+
+    class GRPOTrainer(CompleteCheckpointsMixin, trl.GRPOTrainer):
+        pass
+
+    return GRPOTrainer
+
+
+def main(script_args, training_args, model_args, trainer_class=None, method: str = "grpo"):
+    """Train one recipe to completion (or to the next checkpoint when stopped)."""
+    from transformers import set_seed
+    from trl import get_peft_config
+
+    from maxent_grpo.data import load_datasets
+    from maxent_grpo.rewards import get_reward_funcs
+
+    _setup_logging(training_args)
+    output_dir = Path(training_args.output_dir)
+    if run_is_complete(output_dir):
+        logger.info("%s already holds a completed run; nothing to do.", output_dir)
+        return
+    set_seed(training_args.seed)
+    _export_wandb_settings(training_args)
+
+    dataset = load_datasets(script_args)
+    reward_funcs = get_reward_funcs(
+        script_args.reward_funcs,
+        **script_args.reward_settings(training_args.max_completion_length),
+    )
+    tokenizer = load_tokenizer(model_args, training_args)
+    training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
+
+    # load_datasets names the splits "train" and (when there is one) "test".
+    eval_dataset = dataset.get("test") if training_args.eval_strategy != "no" else None
+
+    trainer_class = trainer_class or grpo_trainer_class()
+    trainer = trainer_class(
+        model=model_args.model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=dataset["train"],
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
+
+    checkpoint = last_complete_checkpoint(output_dir)
+    if checkpoint is not None:
+        logger.info("Resuming from %s", checkpoint)
+    result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+
+    trainer.save_model(str(output_dir))
+    trainer.accelerator.wait_for_everyone()
+    if trainer.accelerator.is_main_process:
+        mark_run_complete(
+            output_dir,
+            {
+                "method": method,
+                "global_step": trainer.state.global_step,
+                "train_loss": result.training_loss,
+            },
+        )
+        logger.info("Training complete; model saved to %s", output_dir)
+
+
+def parse_and_check(argv: list[str], types=None):
+    """Parse a recipe and run every check that needs no model: one line per problem."""
+    from maxent_grpo.configs import GRPO_TYPES, parse_recipe
+    from maxent_grpo.preflight import check_recipe
+
+    parsed = parse_recipe(argv, types or GRPO_TYPES)
+    script_args, training_args, model_args = parsed[:3]
+    mixture = check_recipe(script_args, training_args, model_args)
+    script_args = dataclasses.replace(script_args, dataset_mixture=mixture)
+    return (script_args, training_args, model_args, *parsed[3:])
+
+
+def cli_main(argv: list[str], types=None, trainer_class_factory=None, method: str = "grpo") -> int:
+    """Entry point body: user errors are one line on stderr and exit code EXIT_USER_ERROR."""
+    try:
+        script_args, training_args, model_args, *_ = parse_and_check(argv, types)
+        trainer_class = trainer_class_factory() if trainer_class_factory else None
+        main(script_args, training_args, model_args, trainer_class, method)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0
