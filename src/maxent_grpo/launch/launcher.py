@@ -100,9 +100,7 @@ def prepare(options: LaunchOptions, environ=os.environ) -> tuple[Plan, tuple]:
         check_argv = [*argv, "--use_cpu", "true"]
     parsed = parse_recipe(check_argv, types, world_size=plan.train.num_processes)
     script_args, training_args, model_args = parsed[:3]
-    mixture = check_recipe(
-        script_args, training_args, model_args, num_processes=plan.train.num_processes
-    )
+    mixture = check_recipe(script_args, training_args, model_args)
     parsed = (dataclasses.replace(script_args, dataset_mixture=mixture), *parsed[1:])
     return plan, parsed
 
