@@ -1,0 +1,247 @@
+"""Weight sync between the trainer and the vLLM server: `nccl` (TRL's own) or `disk`.
+
+Recipe key `vllm_weight_sync` (configs.GRPOConfig), used with `use_vllm: true` and
+`vllm_mode: server`:
+
+- `nccl` (default): TRL's NCCL weight-transfer engine streams every tensor into the server.
+  Needs CUDA in the trainer and the server; we only check that up front (one line instead of
+  TRL's NotImplementedError after the model is loaded) and time it.
+- `disk`: every rank takes part in gathering the parameters (ZeRO-3/FSDP/PEFT handled by
+  TRL's own iterator), rank 0 writes them as safetensors into a fresh directory under
+  `output_dir/.vllm_weights/`, and the server reloads them through its dev-mode endpoint
+  `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`.
+  The directory is deleted once the server has the weights. Works where NCCL cannot (CPU).
+  output_dir must be readable by the server's node (a shared filesystem across nodes).
+
+Both modes log the seconds each sync took as the metric `vllm/weight_sync_seconds`.
+
+Trainers get this by including the mixin before TRL's trainer class:
+
+    class GRPOTrainer(CompleteCheckpointsMixin, VLLMSyncMixin, trl.GRPOTrainer): ...
+
+In disk mode the mixin makes TRL build its vLLM backend (VLLMGeneration) as our subclass for
+the duration of the trainer's __init__: TRL's own __init__ would otherwise open the NCCL
+communicator, which raises without CUDA. Nothing else of TRL is changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import shutil
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from maxent_grpo.errors import UserError
+
+WEIGHT_SYNC_METRIC = "vllm/weight_sync_seconds"
+WEIGHTS_DIRNAME = ".vllm_weights"
+# Tensors per safetensors file: bounds rank 0's extra CPU memory during a sync.
+SHARD_BYTES = 2 * 1024**3
+
+_patch_lock = threading.Lock()
+
+
+def weight_sync_mode(args) -> str | None:
+    """'nccl' or 'disk' when the trainer syncs weights into a vLLM server; None otherwise."""
+    if args is None or not getattr(args, "use_vllm", False):
+        return None
+    if getattr(args, "vllm_mode", "colocate") != "server":
+        return None
+    return getattr(args, "vllm_weight_sync", "nccl")
+
+
+def check_weight_sync(args, cuda_available: bool | None = None) -> str | None:
+    """The sync mode to use; a one-line UserError when it cannot work here."""
+    mode = weight_sync_mode(args)
+    if mode is None:
+        return None
+    if mode not in ("nccl", "disk"):
+        raise UserError(f"vllm_weight_sync: {mode!r}; must be nccl or disk")
+    if mode == "nccl":
+        if cuda_available is None:
+            import torch
+
+            cuda_available = torch.cuda.is_available()
+        if not cuda_available or getattr(args, "use_cpu", False):
+            raise UserError(
+                "vllm_weight_sync: nccl needs CUDA in the trainer (TRL's NCCL weight-transfer "
+                "engine) but training runs on CPU; set vllm_weight_sync: disk"
+            )
+    return mode
+
+
+def weights_dir(args) -> Path:
+    return Path(args.output_dir).resolve() / WEIGHTS_DIRNAME
+
+
+class _SafetensorsWriter:
+    """Writes (name, tensor) pairs as sharded safetensors files into one directory."""
+
+    def __init__(self, directory: Path, shard_bytes: int = SHARD_BYTES):
+        self.directory = directory
+        self.directory.mkdir(parents=True, exist_ok=False)
+        self.shard_bytes = shard_bytes
+        self._shard: dict = {}
+        self._size = 0
+        self._count = 0
+
+    def add(self, name: str, tensor) -> None:
+        # A copy: under ZeRO-3 the gathered tensor is only valid inside the gather.
+        copy = tensor.detach().to("cpu", copy=True).contiguous()
+        self._shard[name] = copy
+        self._size += copy.numel() * copy.element_size()
+        if self._size >= self.shard_bytes:
+            self._flush()
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if not self._shard:
+            return
+        self._count += 1
+        save_file(
+            self._shard,
+            str(self.directory / f"model-{self._count:05d}.safetensors"),
+            metadata={"format": "pt"},
+        )
+        self._shard, self._size = {}, 0
+
+    def close(self) -> int:
+        self._flush()
+        return self._count
+
+
+def reload_weights(client, directory: Path) -> None:
+    """Ask the server to load the safetensors in `directory` (dev-mode /collective_rpc)."""
+    response = client.session.post(
+        f"{client.base_url}/collective_rpc",
+        json={"method": "reload_weights", "kwargs": {"weights_path": str(directory)}},
+    )
+    if response.status_code == 404:
+        raise RuntimeError(
+            f"the vLLM server at {client.base_url} has no /collective_rpc endpoint, which "
+            "vllm_weight_sync: disk uses; start it with VLLM_SERVER_DEV_MODE=1"
+        )
+    if response.status_code != 200:
+        raise RuntimeError(
+            f"vLLM reload_weights from {directory} failed: HTTP {response.status_code}: "
+            f"{response.text[:2000]}"
+        )
+
+
+@functools.cache
+def disk_generation_class():
+    """TRL's VLLMGeneration with disk weight sync in server mode (built lazily: TRL is slow)."""
+    from trl.generation.vllm_client import VLLMClient
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    class DiskSyncVLLMGeneration(VLLMGeneration):
+        """Server mode without an NCCL group: weights go through a safetensors directory."""
+
+        def __init__(self, *args, weights_dir: Path, **kwargs):
+            self.weights_dir = Path(weights_dir)
+            super().__init__(*args, **kwargs)
+
+        def _init_vllm(self):
+            if self.mode != "server":
+                return super()._init_vllm()
+            accelerator = self.accelerator
+            if accelerator.is_main_process:
+                base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
+                # TRL's client (health check, generation); no init_communicator: no NCCL group.
+                self.vllm_client = VLLMClient(
+                    base_url=base_url,
+                    group_port=self.group_port,
+                    connection_timeout=self.server_timeout,
+                )
+            accelerator.wait_for_everyone()
+
+        def sync_weights(self):
+            if self.mode != "server":
+                return super().sync_weights()
+            accelerator = self.accelerator
+            # Every rank iterates: gathering sharded parameters is a collective.
+            writer = None
+            if accelerator.is_main_process:
+                target = self.weights_dir / f"sync-{uuid.uuid4().hex[:12]}"
+                writer = _SafetensorsWriter(target)
+            try:
+                for name, tensor in self._iter_named_params():
+                    if writer is not None:
+                        writer.add(name, tensor)
+                if writer is not None:
+                    writer.close()
+                    reload_weights(self.vllm_client, writer.directory)
+                    self.vllm_client.reset_prefix_cache()
+            finally:
+                if writer is not None:
+                    shutil.rmtree(writer.directory, ignore_errors=True)
+                    with contextlib.suppress(OSError):
+                        self.weights_dir.rmdir()  # only when empty
+            accelerator.wait_for_everyone()
+
+    return DiskSyncVLLMGeneration
+
+
+@contextlib.contextmanager
+def _vllm_generation_replaced(trainer_cls: type, factory):
+    """Make the trainer's __init__ build `factory(...)` where TRL builds VLLMGeneration.
+
+    TRL's trainers refer to VLLMGeneration through their module's global name; that name is
+    swapped in each module of the class hierarchy that uses it, and restored on exit.
+    """
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    modules = []
+    for cls in trainer_cls.__mro__:
+        module = sys.modules.get(cls.__module__)
+        if module is not None and getattr(module, "VLLMGeneration", None) is VLLMGeneration:
+            modules.append(module)
+    with _patch_lock:
+        for module in modules:
+            module.VLLMGeneration = factory
+        try:
+            yield
+        finally:
+            for module in modules:
+                module.VLLMGeneration = VLLMGeneration
+
+
+class VLLMSyncMixin:
+    """Trainer mixin: `vllm_weight_sync` (nccl | disk) and the weight-sync time metric.
+
+    Put it before TRL's trainer class in the bases. Training arguments must be passed as
+    `args=` or as the third positional argument, as TRL's trainers take them.
+    """
+
+    def __init__(self, *args, **kwargs):
+        training_args = kwargs.get("args", args[2] if len(args) > 2 else None)
+        mode = check_weight_sync(training_args)
+        if mode == "disk":
+            factory = functools.partial(
+                disk_generation_class(), weights_dir=weights_dir(training_args)
+            )
+            with _vllm_generation_replaced(type(self), factory):
+                super().__init__(*args, **kwargs)
+        else:
+            super().__init__(*args, **kwargs)
+        self.vllm_weight_sync = mode
+        if getattr(self, "use_vllm", False) and hasattr(self, "vllm_generation"):
+            self._time_weight_sync()
+
+    def _time_weight_sync(self) -> None:
+        generation = self.vllm_generation
+        sync = generation.sync_weights
+
+        def timed_sync():
+            start = time.perf_counter()
+            sync()
+            seconds = time.perf_counter() - start
+            mode = "train" if self.model.training else "eval"
+            self._metrics[mode][WEIGHT_SYNC_METRIC].append(seconds)
+
+        generation.sync_weights = timed_sync
