@@ -24,6 +24,8 @@
 #SBATCH --open-mode=append
 #SBATCH --output=logs/slurm_%j.out
 set -euo pipefail
+# Until the launcher takes over (it handles the signal), an early USR1 must not kill the job.
+trap '' USR1
 
 # Under sbatch this script runs from a spool copy: the repository is where you submitted from.
 ROOT="${SLURM_SUBMIT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, REPO, run, step_logs, write_recipe
+from helpers.runs import PYTHON, REPO, run, step_logs, write_recipe
 from maxent_grpo.checkpoints import (
     CHECKPOINT_MARKER,
     last_complete_checkpoint,

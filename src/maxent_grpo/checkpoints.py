@@ -142,3 +142,72 @@ class CompleteCheckpointsMixin:
             mark_checkpoint_complete(checkpoint_dir, self.state.global_step)
             delete_checkpoints(checkpoints_to_delete(list_checkpoints(run_dir), limit))
         self.accelerator.wait_for_everyone()
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        device = self.args.device
+        if checkpoint is None or device.type != "cpu" or device.index is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        # Multi-process CPU runs: transformers passes map_location=cpu:0, which torch.load
+        # cannot restore ("don't know how to restore data location ... cpu:0"). Map to "cpu".
+        import torch
+
+        original = torch.load
+
+        def load_on_cpu(*args, **kwargs):
+            if kwargs.get("map_location") is not None:
+                kwargs["map_location"] = "cpu"
+            return original(*args, **kwargs)
+
+        torch.load = load_on_cpu
+        try:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        finally:
+            torch.load = original
+
+
+STOP_REQUEST = "maxent_grpo_stop_requested"
+
+
+def request_stop(output_dir: str | os.PathLike, reason: str) -> None:
+    """Ask the trainers of this run to save a complete checkpoint and exit at the next step.
+
+    A file, not a signal: it reaches every rank on every node (shared output_dir), it cannot
+    kill accelerate's launcher (whose default action for SIGUSR1 is to die), and a second
+    request is a no-op.
+    """
+    path = Path(output_dir) / STOP_REQUEST
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        write_json_atomic(path, {"reason": reason, "time": time.time()})
+
+
+def clear_stop_request(output_dir: str | os.PathLike) -> None:
+    (Path(output_dir) / STOP_REQUEST).unlink(missing_ok=True)
+
+
+def stop_requested(output_dir: str | os.PathLike) -> bool:
+    return (Path(output_dir) / STOP_REQUEST).is_file()
+
+
+def make_stop_callback(trainer):
+    """A TrainerCallback: save and stop at the first step boundary after request_stop().
+
+    Every rank must stop at the same step, so the ranks agree with one tiny all-reduce per
+    step (any rank that sees the request stops everyone).
+    """
+    import torch
+    from transformers import TrainerCallback
+
+    class StopOnRequest(TrainerCallback):
+        stopped = False
+
+        def on_step_end(self, args, state, control, **kwargs):
+            seen = torch.tensor([float(stop_requested(args.output_dir))])
+            seen = trainer.accelerator.reduce(seen.to(trainer.accelerator.device), "sum")
+            if seen.item() > 0:
+                self.stopped = True
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return StopOnRequest()

@@ -70,3 +70,13 @@ def check_recipe(script_args, training_args, model_args):
     preflight_columns(dataclasses.replace(script_args, dataset_mixture=mixture))
     check_output_dir(training_args.output_dir)
     return mixture
+
+
+def check_launch(launch_args) -> None:
+    """Launcher keys that name files must name existing ones."""
+    config = launch_args.accelerate_config
+    if config and not Path(config).is_file():
+        raise ConfigError(
+            f"accelerate_config: {config!r} does not exist; use one of "
+            "recipes/accelerate_configs/{ddp,zero2,zero3}.yaml or your own file"
+        )

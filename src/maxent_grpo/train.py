@@ -16,10 +16,15 @@ from pathlib import Path
 from maxent_grpo.checkpoints import (
     CompleteCheckpointsMixin,
     last_complete_checkpoint,
+    make_stop_callback,
     mark_run_complete,
     run_is_complete,
 )
-from maxent_grpo.errors import EXIT_USER_ERROR, UserError
+from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError
+
+
+class StoppedForRequeue(Exception):
+    """Training stopped at a step boundary on request, after saving a complete checkpoint."""
 
 logger = logging.getLogger("maxent_grpo")
 
@@ -131,10 +136,20 @@ def main(script_args, training_args, model_args, trainer_class=None, method: str
         peft_config=get_peft_config(model_args),
     )
 
+    stop = make_stop_callback(trainer)
+    trainer.add_callback(stop)
     checkpoint = last_complete_checkpoint(output_dir)
     if checkpoint is not None:
         logger.info("Resuming from %s", checkpoint)
     result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if stop.stopped and trainer.state.global_step < trainer.state.max_steps:
+        trainer.accelerator.wait_for_everyone()  # no rank leaves while another still saves
+        logger.info(
+            "Stopped on request after step %d; saved %s",
+            trainer.state.global_step,
+            last_complete_checkpoint(output_dir),
+        )
+        raise StoppedForRequeue(trainer.state.global_step)
 
     trainer.save_model(str(output_dir))
     trainer.save_state()  # trainer_state.json (log history) beside the final model
@@ -172,4 +187,6 @@ def cli_main(argv: list[str], types=None, trainer_class_factory=None, method: st
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except StoppedForRequeue:
+        return EXIT_CHECKPOINTED
     return 0

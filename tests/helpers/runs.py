@@ -1,0 +1,47 @@
+"""Helpers to run our commands for real in tests (imported as `helpers.runs`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for child processes: one OpenMP thread, no hub, no W&B."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.update(extra)
+    return env
+
+
+def run(
+    args: list[str], cwd: Path = REPO, timeout: float = 600, **env
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        args, cwd=cwd, env=child_env(**env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def write_recipe(path: Path, base: Path | None = None, **overrides) -> Path:
+    """A recipe file: the base recipe's keys (if any) updated with overrides."""
+    import yaml
+
+    data = yaml.safe_load(base.read_text()) if base else {}
+    data.update(overrides)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def log_history(output_dir: Path) -> list[dict]:
+    return json.loads((Path(output_dir) / "trainer_state.json").read_text())["log_history"]
+
+
+def step_logs(output_dir: Path) -> dict[int, dict]:
+    """Per-step training logs (the entries that carry a loss), keyed by step."""
+    return {e["step"]: e for e in log_history(output_dir) if "loss" in e}
