@@ -232,6 +232,13 @@ class LaunchArguments:
             "(default: plain multi-GPU data parallel)."
         },
     )
+    max_requeues: int = field(
+        default=10,
+        metadata={
+            "help": "Times a Slurm job may requeue itself after checkpointing on a stop signal "
+            "(time limit, preemption); also submitit's limit."
+        },
+    )
     vllm_server_gpu_memory_utilization: float = field(
         default=0.9,
         metadata={

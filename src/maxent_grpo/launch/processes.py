@@ -24,6 +24,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _ignore_stop_signals() -> None:
+    """In the child, before exec: ignore SIGUSR1/SIGUSR2 (the disposition survives exec).
+
+    Slurm's warning signals are for the launcher, which turns them into a checkpoint request;
+    their default action would kill accelerate's launcher or vLLM outright.
+    """
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
 class Child:
     """A process group with its output appended to a log file (and optionally echoed)."""
 
@@ -46,6 +56,7 @@ class Child:
             stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None,
             start_new_session=True,
+            preexec_fn=_ignore_stop_signals,
         )
         self._pump = None
         if echo:
@@ -116,3 +127,25 @@ def wait_for_group_exit(pgid: int, timeout: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def slurm_nodes(environ: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The job's node names, in Slurm's order, when the job spans several nodes; else None.
+
+    `scontrol show hostnames` expands a compressed list like "gpu[01-03,07]".
+    """
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    count = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or "1"
+    if not nodelist or not count.isdigit() or int(count) < 2:
+        return None
+    try:
+        result = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: {exc}") from None
+    return tuple(result.stdout.split()) or None
