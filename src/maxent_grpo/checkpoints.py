@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from maxent_grpo.faults import failpoint
+
 CHECKPOINT_MARKER = "maxent_grpo_complete.json"
 RUN_MARKER = "maxent_grpo_training_complete.json"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -137,11 +139,16 @@ class CompleteCheckpointsMixin:
             super()._save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit = limit
+        failpoint("checkpoint_unmarked", self.state.global_step)
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             mark_checkpoint_complete(checkpoint_dir, self.state.global_step)
             delete_checkpoints(checkpoints_to_delete(list_checkpoints(run_dir), limit))
         self.accelerator.wait_for_everyone()
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        failpoint("checkpoint_partial", self.state.global_step)
+        return super()._save_optimizer_and_scheduler(output_dir)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         device = self.args.device
@@ -200,6 +207,9 @@ def make_stop_callback(trainer):
 
     class StopOnRequest(TrainerCallback):
         stopped = False
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            failpoint("step_begin", state.global_step + 1)
 
         def on_step_end(self, args, state, control, **kwargs):
             seen = torch.tensor([float(stop_requested(args.output_dir))])

@@ -83,6 +83,14 @@ class ScriptArguments:
             "Weights come from reward_weights."
         },
     )
+    reward_timeout_seconds: float = field(
+        default=60.0,
+        metadata={
+            "help": "Time limit of one reward call. A reward function that raises or runs past it "
+            "is retried sample by sample; samples that still fail score None (skipped by TRL), "
+            "are counted in rewards/<name>/failures and logged. 0 disables the limit."
+        },
+    )
     repetition_n_grams: int = field(
         default=3, metadata={"help": "n-gram size of the repetition_penalty reward."}
     )

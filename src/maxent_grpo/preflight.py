@@ -67,7 +67,16 @@ def check_recipe(script_args, training_args, model_args):
     mixture = parse_mixture(script_args.dataset_mixture, "dataset_mixture")
     check_model_path(model_args.model_name_or_path)
     check_rewards(script_args, training_args)
-    preflight_columns(dataclasses.replace(script_args, dataset_mixture=mixture))
+    import datasets
+
+    # A check prints its verdict only: no "Generating train split" bars around the one line.
+    bars_were_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        preflight_columns(dataclasses.replace(script_args, dataset_mixture=mixture))
+    finally:
+        if bars_were_on:
+            datasets.enable_progress_bars()
     check_output_dir(training_args.output_dir)
     return mixture
 

@@ -21,6 +21,7 @@ from maxent_grpo.checkpoints import (
     run_is_complete,
 )
 from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError
+from maxent_grpo.faults import failpoint
 
 
 class StoppedForRequeue(Exception):
@@ -104,7 +105,7 @@ def main(script_args, training_args, model_args, trainer_class=None, method: str
     from trl import get_peft_config
 
     from maxent_grpo.data import load_datasets
-    from maxent_grpo.rewards import get_reward_funcs
+    from maxent_grpo.rewards import get_reward_funcs, guard_rewards
 
     _setup_logging(training_args)
     output_dir = Path(training_args.output_dir)
@@ -115,9 +116,12 @@ def main(script_args, training_args, model_args, trainer_class=None, method: str
     _export_wandb_settings(training_args)
 
     dataset = load_datasets(script_args)
-    reward_funcs = get_reward_funcs(
-        script_args.reward_funcs,
-        **script_args.reward_settings(training_args.max_completion_length),
+    reward_funcs = guard_rewards(
+        get_reward_funcs(
+            script_args.reward_funcs,
+            **script_args.reward_settings(training_args.max_completion_length),
+        ),
+        script_args.reward_timeout_seconds,
     )
     tokenizer = load_tokenizer(model_args, training_args)
     training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
@@ -141,6 +145,7 @@ def main(script_args, training_args, model_args, trainer_class=None, method: str
     checkpoint = last_complete_checkpoint(output_dir)
     if checkpoint is not None:
         logger.info("Resuming from %s", checkpoint)
+    failpoint("train_start")
     result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     if stop.stopped and trainer.state.global_step < trainer.state.max_steps:
         trainer.accelerator.wait_for_everyone()  # no rank leaves while another still saves
@@ -153,6 +158,7 @@ def main(script_args, training_args, model_args, trainer_class=None, method: str
 
     trainer.save_model(str(output_dir))
     trainer.save_state()  # trainer_state.json (log history) beside the final model
+    failpoint("final_save")
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         mark_run_complete(

@@ -1,0 +1,26 @@
+"""Failpoints: SIGKILL this process at a named point, for the reliability tests.
+
+Set MAXENT_GRPO_FAILPOINT=<point>[:<step>] (e.g. `checkpoint_partial:4`). Unset (always, in
+real runs) it costs one dict lookup per call. A SIGKILL cannot be caught, so what the tests
+see afterwards is exactly what a node failure or an OOM kill would leave on disk.
+
+Points: train_start (before step 1), step_begin (inside a step), checkpoint_partial (model
+written, optimizer not yet), checkpoint_unmarked (all files written, marker not yet),
+final_save (final model written, completion marker not yet).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "MAXENT_GRPO_FAILPOINT"
+
+
+def failpoint(point: str, step: int | None = None) -> None:
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    name, _, at = spec.partition(":")
+    if name == point and (not at or step is None or int(at) == step):
+        os.kill(os.getpid(), signal.SIGKILL)

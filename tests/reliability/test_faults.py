@@ -1,0 +1,99 @@
+"""Kill the trainer anywhere (SIGKILL via failpoints), resume, and get the same final model.
+
+A failpoint SIGKILLs the trainer at a named point (src/maxent_grpo/faults.py): what is left on
+disk is what a node failure or an OOM kill would leave. Each case then resumes with the same
+command and must finish with weights equal to an uninterrupted run's, never having loaded an
+incomplete checkpoint.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from helpers.runs import PYTHON, REPO, run, step_logs, write_recipe
+from maxent_grpo.checkpoints import CHECKPOINT_MARKER, list_checkpoints, run_is_complete
+
+pytestmark = pytest.mark.integration
+
+GRPO = str(REPO / "src" / "grpo.py")
+SMOKE = REPO / "recipes" / "smoke" / "config_grpo.yaml"
+STEPS = 6
+
+
+def recipe(folder: Path, tiny_model: Path, **overrides) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = dict(
+        model_name_or_path=str(tiny_model),
+        output_dir=str(folder / "out"),
+        dataset_num_rows=128,
+        max_completion_length=12,
+        max_steps=STEPS,
+        save_steps=2,
+        save_total_limit=1,
+    )
+    settings.update(overrides)
+    return write_recipe(folder / "recipe.yaml", SMOKE, **settings)
+
+
+def train(path: Path, **env) -> int:
+    result = run([PYTHON, GRPO, "--config", str(path)], timeout=300, **env)
+    return result.returncode
+
+
+def weights(out: Path) -> dict:
+    return load_file(str(out / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_model) -> Path:
+    folder = tmp_path_factory.mktemp("reference")
+    assert train(recipe(folder, tiny_model)) == 0
+    return folder / "out"
+
+
+# (failpoint, what must be true on disk right after the kill)
+FAULTS = [
+    ("train_start", "no checkpoint yet"),
+    ("step_begin:3", "checkpoint-2 complete"),
+    ("checkpoint_partial:4", "checkpoint-4 has the model but no optimizer and no marker"),
+    ("checkpoint_unmarked:4", "checkpoint-4 fully written but unmarked"),
+    ("final_save", "final model written, no completion marker"),
+]
+
+
+@pytest.mark.parametrize("point, left", FAULTS, ids=[f[0] for f in FAULTS])
+def test_sigkill_then_resume_gives_the_uninterrupted_result(
+    tmp_path, tiny_model, reference, point, left
+):
+    path = recipe(tmp_path, tiny_model)
+    out = tmp_path / "out"
+    assert train(path, MAXENT_GRPO_FAILPOINT=point) == -signal.SIGKILL
+    assert not run_is_complete(out)
+    if point.startswith("checkpoint"):
+        cut = out / "checkpoint-4"
+        assert cut.is_dir() and not (cut / CHECKPOINT_MARKER).exists(), left
+        # Rotation (save_total_limit 1) kept the checkpoint resume needs.
+        assert (out / "checkpoint-2" / CHECKPOINT_MARKER).is_file()
+
+    assert train(path) == 0
+    assert run_is_complete(out)
+    logs = step_logs(out)
+    assert sorted(logs) == list(range(1, STEPS + 1))
+    for key, value in weights(reference).items():
+        assert (weights(out)[key] - value).abs().max().item() == 0.0, (point, key)
+    # Only complete checkpoints remain, and within the rotation limit.
+    remaining = list_checkpoints(out)
+    assert remaining and all(c.complete for c in remaining), remaining
+
+
+def test_repeated_kills_at_the_same_point_still_converge(tmp_path, tiny_model, reference):
+    path = recipe(tmp_path, tiny_model)
+    for point in ("checkpoint_unmarked:2", "step_begin:3", "checkpoint_partial:4"):
+        assert train(path, MAXENT_GRPO_FAILPOINT=point) == -signal.SIGKILL
+    assert train(path) == 0
+    for key, value in weights(reference).items():
+        assert (weights(tmp_path / "out")[key] - value).abs().max().item() == 0.0, key
