@@ -1,0 +1,58 @@
+"""The process table, for "nothing of the run is left" checks (zombies do not count).
+
+PID 1 of a container may not reap orphans: a process that exited can linger as a zombie
+(state Z) that holds nothing, so it is ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def _stat(pid: str) -> tuple[str, int] | None:
+    """(state, process group) of a process, None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[2])
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return raw.replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def live_processes(pgids: set[int] = frozenset(), marker: str | None = None) -> list[str]:
+    """Live (non-zombie) processes in any of `pgids`, or whose command line holds `marker`."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        stat = _stat(pid)
+        if stat is None or stat[0] == "Z":
+            continue
+        cmdline = _cmdline(pid)
+        if stat[1] in pgids or (marker and marker in cmdline):
+            found.append(f"{pid} [{stat[0]}] {cmdline[:200]}")
+    return found
+
+
+def wait_until_gone(
+    pgids: set[int] = frozenset(), marker: str | None = None, timeout: float = 15.0
+) -> tuple[list[str], float]:
+    """Poll until nothing matches; returns (what is still there, seconds waited)."""
+    start = time.monotonic()
+    while True:
+        left = live_processes(pgids, marker)
+        waited = time.monotonic() - start
+        if not left or waited > timeout:
+            return left, waited
+        time.sleep(0.1)

@@ -1,0 +1,246 @@
+"""The vLLM server's lifecycle with stand-in processes (fast; real vLLM is in tests/vllm/).
+
+Real processes and real HTTP: a process that dies at start, one that answers 503 forever,
+one that accepts connections but never answers, one that sleeps; /health and /health/.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from helpers.procs import live_processes, wait_until_gone
+from maxent_grpo.launch.plan import ServerPlan
+from maxent_grpo.launch.processes import Child, free_port
+from maxent_grpo.launch.server import (
+    ServerError,
+    ServerWaitCancelled,
+    VLLMServer,
+    probe,
+    start_server,
+    wait_for_training,
+)
+
+PY = sys.executable
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        if self.path == "/health":
+            self.send_response(200)
+            self.end_headers()
+        elif self.path == "/health/":
+            # What vLLM (FastAPI) answers for the trailing slash.
+            self.send_response(307)
+            self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}/health")
+            self.end_headers()
+        else:
+            self.send_response(503)
+            self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def http_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_probe_accepts_health_and_follows_the_slash_redirect(http_server):
+    assert probe(f"{http_server}/health") == 200
+    assert probe(f"{http_server}/health/") == 200
+    assert probe(f"{http_server}/other") == 503
+    assert probe(f"http://127.0.0.1:{free_port()}/health", timeout=1) is None
+
+
+def server_plan(command: list[str], port: int, timeout: float = 30.0) -> ServerPlan:
+    return ServerPlan(
+        node="127.0.0.1",
+        gpus=(),
+        port=port,
+        group_port=0,
+        command=tuple(command),
+        device="cpu",
+        weight_sync="disk",
+        timeout=timeout,
+    )
+
+
+def python_command(source: str) -> list[str]:
+    return [PY, "-c", textwrap.dedent(source)]
+
+
+SERVE_503 = """
+    import sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(503); self.end_headers()
+        def log_message(self, *a):
+            pass
+    print("listening, never healthy", flush=True)
+    HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+SILENT_LISTENER = """
+    import socket, sys, time
+    s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(16)
+    print("accepting, never answering", flush=True)
+    conns = []
+    while True:
+        c, _ = s.accept(); conns.append(c)
+"""
+
+
+def test_server_that_dies_at_start_fails_at_once_with_its_log_tail(tmp_path):
+    port = free_port()
+    plan = server_plan(
+        python_command(
+            """
+            import sys
+            print("INFO loading model /no/such/model", flush=True)
+            print("OSError: /no/such/model does not appear to have a config.json", flush=True)
+            sys.exit(3)
+            """
+        ),
+        port,
+        timeout=600,
+    )
+    start = time.monotonic()
+    with pytest.raises(ServerError) as info:
+        start_server(plan, tmp_path / "run_vllm.log")
+    took = time.monotonic() - start
+    assert took < 5, took
+    message = str(info.value)
+    first, *tail = message.splitlines()
+    assert first.startswith("vLLM server exited with code 3 ")
+    assert "before it answered" in first and str(tmp_path / "run_vllm.log") in first
+    assert tail[-1].strip() == "OSError: /no/such/model does not appear to have a config.json"
+
+
+def test_server_killed_by_a_signal_is_named(tmp_path):
+    plan = server_plan(
+        python_command("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"), free_port()
+    )
+    with pytest.raises(ServerError, match="killed by signal 9"):
+        start_server(plan, tmp_path / "vllm.log")
+
+
+@pytest.mark.parametrize(
+    "source, answer",
+    [(SERVE_503, "last answer HTTP 503"), (SILENT_LISTENER, "no answer")],
+    ids=["answers-503", "never-answers"],
+)
+def test_server_never_healthy_times_out_and_is_stopped(tmp_path, source, answer):
+    port = free_port()
+    plan = server_plan([*python_command(source), str(port)], port, timeout=3)
+    start = time.monotonic()
+    with pytest.raises(ServerError) as info:
+        start_server(plan, tmp_path / "vllm.log")
+    took = time.monotonic() - start
+    assert 3 <= took < 6, took
+    first = str(info.value).splitlines()[0]
+    assert f"not healthy after 3s (vllm_server_timeout) at {plan.health_url} ({answer})" in first
+    assert "never" in str(info.value)  # the log tail: what the process printed
+    marker = f"{textwrap.dedent(source)} {port}"  # the stand-in's command line
+    assert not wait_until_gone(marker=marker, timeout=5)[0]
+
+
+def test_sleeping_server_times_out(tmp_path):
+    plan = server_plan(["sleep", "600"], free_port(), timeout=2)
+    with pytest.raises(ServerError, match=r"not healthy after 2s .*\(no answer\)"):
+        start_server(plan, tmp_path / "vllm.log")
+    assert not live_processes(marker="sleep 600")
+
+
+def test_healthy_server_then_stop_kills_the_whole_group(tmp_path):
+    port = free_port()
+    source = """
+        import subprocess, sys
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+        # A grandchild, like vLLM's engine process, in the same process group.
+        subprocess.Popen(["sleep", "601"])
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200); self.end_headers()
+            def log_message(self, *a):
+                pass
+        HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+    """
+    server = start_server(server_plan([*python_command(source), str(port)], port), tmp_path / "v")
+    pgid = server.pid
+    assert server.poll() is None
+    assert len(live_processes({pgid})) == 2
+    start = time.monotonic()
+    server.stop()
+    left, _ = wait_until_gone({pgid}, timeout=5)
+    assert not left and time.monotonic() - start < 5
+
+
+def test_signal_while_waiting_cancels_and_stops_the_server(tmp_path):
+    plan = server_plan(["sleep", "602"], free_port(), timeout=600)
+    calls = iter([None, None, 15])
+    with pytest.raises(ServerWaitCancelled) as info:
+        start_server(plan, tmp_path / "vllm.log", cancelled=lambda: next(calls, 15))
+    assert info.value.signum == 15
+    assert not wait_until_gone(marker="sleep 602", timeout=5)[0]
+
+
+def test_server_death_during_training_stops_training(tmp_path, capsys):
+    port = free_port()
+    source = """
+        import sys, threading, os
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200); self.end_headers()
+            def log_message(self, *a):
+                pass
+        threading.Timer(1.5, lambda: (print("engine core died", flush=True), os._exit(7))).start()
+        HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+    """
+    server = VLLMServer(server_plan([*python_command(source), str(port)], port), tmp_path / "v")
+    server.start()
+    server.wait_until_healthy(poll=0.1)
+    trainer = Child("train", ["sleep", "603"], Path(tmp_path / "train.log"))
+    start = time.monotonic()
+    code = wait_for_training(trainer, server, poll=0.1)
+    took = time.monotonic() - start
+    out = capsys.readouterr().out
+    assert code == -15 and took < 5
+    assert "vLLM server exited with code 7 while training ran" in out
+    assert "engine core died" in out
+    server.stop()
+
+
+def test_child_stop_returns_quickly_for_a_live_group(tmp_path):
+    child = Child("x", ["sleep", "604"], tmp_path / "x.log")
+    start = time.monotonic()
+    child.stop()
+    assert time.monotonic() - start < 3
+    assert not live_processes(marker="sleep 604")
+
+
+def test_missing_vllm_is_one_line_before_anything_starts(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
+    plan = server_plan([PY, "-m", "vllm.entrypoints.cli.main", "serve", "m"], free_port())
+    with pytest.raises(ServerError) as info:
+        start_server(plan, tmp_path / "vllm.log")
+    assert "needs vLLM" in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "vllm.log").exists()

@@ -1,0 +1,201 @@
+"""Weight-sync wiring (fast, no server): mode checks, the disk path, the timing metric.
+
+The real thing, against a real vLLM server, is in tests/vllm/.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from trl.generation.vllm_generation import VLLMGeneration  # noqa: F401 (FakeTrainer uses it)
+
+from maxent_grpo.errors import UserError
+from maxent_grpo.vllm_sync import (
+    WEIGHT_SYNC_METRIC,
+    WEIGHTS_DIRNAME,
+    VLLMSyncMixin,
+    _SafetensorsWriter,
+    check_weight_sync,
+    disk_generation_class,
+)
+
+
+def args(tmp_path: Path, **kw) -> SimpleNamespace:
+    base = dict(
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_weight_sync="disk",
+        use_cpu=True,
+        output_dir=str(tmp_path / "out"),
+    )
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "settings, cuda, expected",
+    [
+        ({"use_vllm": False}, False, None),
+        ({"vllm_mode": "colocate"}, False, None),
+        ({"vllm_weight_sync": "disk"}, False, "disk"),
+        ({"vllm_weight_sync": "disk", "use_cpu": False}, True, "disk"),
+        ({"vllm_weight_sync": "nccl", "use_cpu": False}, True, "nccl"),
+    ],
+)
+def test_check_weight_sync(tmp_path, settings, cuda, expected):
+    assert check_weight_sync(args(tmp_path, **settings), cuda_available=cuda) == expected
+
+
+@pytest.mark.parametrize("use_cpu, cuda", [(True, True), (False, False)])
+def test_nccl_without_cuda_is_one_line(tmp_path, use_cpu, cuda):
+    training = args(tmp_path, vllm_weight_sync="nccl", use_cpu=use_cpu)
+    with pytest.raises(UserError) as info:
+        check_weight_sync(training, cuda_available=cuda)
+    assert str(info.value) == (
+        "vllm_weight_sync: nccl needs CUDA in the trainer (TRL's NCCL weight-transfer engine) "
+        "but training runs on CPU; set vllm_weight_sync: disk"
+    )
+
+
+class FakeTrainer:
+    """Stands in for TRL's GRPOTrainer: builds its backend through the module global."""
+
+    def __init__(self, model=None, reward_funcs=None, args=None):
+        self.args = args
+        self.backend_factory = globals()["VLLMGeneration"]
+        self.use_vllm = args.use_vllm
+        self.model = SimpleNamespace(training=True)
+        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self.syncs = 0
+        self.vllm_generation = SimpleNamespace(sync_weights=self._sync)
+
+    def _sync(self):
+        self.syncs += 1
+
+
+class Trainer(VLLMSyncMixin, FakeTrainer):
+    pass
+
+
+def test_disk_mode_builds_the_disk_backend_only_during_init(tmp_path):
+    trainer = Trainer(model="m", args=args(tmp_path))
+    factory = trainer.backend_factory
+    assert isinstance(factory, functools.partial)
+    assert factory.func is disk_generation_class()
+    assert issubclass(factory.func, VLLMGeneration)
+    assert factory.keywords == {"weights_dir": (tmp_path / "out" / WEIGHTS_DIRNAME).resolve()}
+    assert globals()["VLLMGeneration"] is VLLMGeneration  # restored
+    assert trainer.vllm_weight_sync == "disk"
+
+
+def test_nccl_mode_keeps_trls_backend(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    trainer = Trainer("m", None, args(tmp_path, vllm_weight_sync="nccl", use_cpu=False))
+    assert trainer.backend_factory is VLLMGeneration
+    assert trainer.vllm_weight_sync == "nccl"
+
+
+def test_nccl_mode_on_cpu_fails_before_the_model_loads(tmp_path):
+    with pytest.raises(UserError, match="set vllm_weight_sync: disk"):
+        Trainer(model="m", args=args(tmp_path, vllm_weight_sync="nccl"))
+
+
+def test_sync_time_is_logged_as_a_metric(tmp_path):
+    trainer = Trainer(model="m", args=args(tmp_path))
+    trainer.vllm_generation.sync_weights()
+    trainer.vllm_generation.sync_weights()
+    assert trainer.syncs == 2
+    times = trainer._metrics["train"][WEIGHT_SYNC_METRIC]
+    assert len(times) == 2 and all(t >= 0 for t in times)
+
+
+def test_writer_shards_and_round_trips(tmp_path):
+    from safetensors.torch import load_file
+
+    tensors = {f"layer.{i}.weight": torch.randn(64, 64) for i in range(5)}
+    writer = _SafetensorsWriter(tmp_path / "w", shard_bytes=2 * 64 * 64 * 4)
+    for name, tensor in tensors.items():
+        writer.add(name, tensor)
+    assert writer.close() == 3
+    loaded = {}
+    for path in sorted((tmp_path / "w").glob("*.safetensors")):
+        loaded.update(load_file(path))
+    assert loaded.keys() == tensors.keys()
+    assert all(torch.equal(loaded[k], tensors[k]) for k in tensors)
+
+
+class FakeResponse:
+    status_code = 200
+    text = "{}"
+
+
+def test_disk_sync_writes_reloads_and_cleans_up(tmp_path):
+    """sync_weights on rank 0: safetensors of every parameter, reload_weights, cleanup."""
+    from safetensors.torch import load_file
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    seen = {}
+
+    class Client:
+        base_url = "http://server:1"
+
+        def __init__(self):
+            self.session = SimpleNamespace(post=self.post)
+            self.resets = 0
+
+        def post(self, url, json):
+            path = Path(json["kwargs"]["weights_path"])
+            seen["url"], seen["method"] = url, json["method"]
+            seen["tensors"] = {}
+            for f in path.glob("*.safetensors"):
+                seen["tensors"].update(load_file(f))
+            seen["dir"] = path
+            return FakeResponse()
+
+        def reset_prefix_cache(self):
+            self.resets += 1
+
+    cls = disk_generation_class()
+    generation = cls.__new__(cls)  # no server: set up what sync_weights uses
+    generation.mode = "server"
+    generation.weights_dir = tmp_path / "out" / WEIGHTS_DIRNAME
+    generation.accelerator = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    generation.vllm_client = Client()
+    generation._iter_named_params = lambda: iter(
+        (name, p.data) for name, p in model.named_parameters()
+    )
+    generation.sync_weights()
+    assert seen["url"] == "http://server:1/collective_rpc"
+    assert seen["method"] == "reload_weights"
+    assert seen["dir"].parent == generation.weights_dir
+    assert seen["tensors"].keys() == dict(model.named_parameters()).keys()
+    for name, param in model.named_parameters():
+        assert torch.equal(seen["tensors"][name], param.data)
+    assert generation.vllm_client.resets == 1
+    assert not seen["dir"].exists() and not generation.weights_dir.exists()
+
+
+def test_disk_sync_on_other_ranks_only_iterates(tmp_path):
+    cls = disk_generation_class()
+    generation = cls.__new__(cls)
+    generation.mode = "server"
+    generation.weights_dir = tmp_path / WEIGHTS_DIRNAME
+    waits = []
+    generation.accelerator = SimpleNamespace(
+        is_main_process=False, wait_for_everyone=lambda: waits.append(1)
+    )
+    iterated = []
+
+    def params():
+        for i in range(3):
+            iterated.append(i)
+            yield f"p{i}", torch.zeros(1)
+
+    generation._iter_named_params = params
+    generation.sync_weights()
+    assert iterated == [0, 1, 2] and waits == [1]
+    assert not generation.weights_dir.exists()

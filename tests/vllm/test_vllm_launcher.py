@@ -1,0 +1,156 @@
+"""The launcher with a real vLLM server (CPU build): smoke run, trainer crash, server death.
+
+Each test starts its own server through the launcher (30-75 s each on CPU): that server's
+lifecycle is what is tested.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.procs import wait_until_gone
+from helpers.runs import REPO, child_env, log_history, write_recipe
+from maxent_grpo.checkpoints import run_is_complete
+
+pytestmark = pytest.mark.vllm
+
+SMOKE_VLLM = REPO / "recipes" / "smoke" / "config_grpo_vllm.yaml"
+MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")
+
+
+def measured(name: str, value: float, unit: str = "s") -> None:
+    print(f"\nMEASURED {name}: {value:.3g}{unit}", flush=True)
+
+
+class Streamed:
+    """A command's merged output, line by line, with the time each line arrived."""
+
+    def __init__(self, args: list[str], timeout: float = 900, **env: str):
+        self.start = time.monotonic()
+        self.lines: list[tuple[float, str]] = []
+        self.proc = subprocess.Popen(
+            args,
+            cwd=REPO,
+            env=child_env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        reader = threading.Thread(target=self._read, daemon=True)
+        reader.start()
+        try:
+            self.returncode = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self.ended = time.monotonic()
+        reader.join(timeout=10)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def first(self, pattern: str) -> tuple[float, re.Match]:
+        for when, line in self.lines:
+            match = re.search(pattern, line)
+            if match:
+                return when, match
+        raise AssertionError(f"no line matches {pattern!r} in:\n{self.text[-5000:]}")
+
+
+def server_pid(run: Streamed) -> int:
+    return int(run.first(r"vLLM server starting \(pid (\d+)\)")[1].group(1))
+
+
+def test_training_sh_smoke_recipe_serves_trains_and_stops_everything(tmp_path, tiny_model):
+    """RECIPE=recipes/smoke/config_grpo_vllm.yaml bash training.sh, shortened to 3 steps."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    run = Streamed(
+        ["bash", "training.sh", "--logs-dir", str(logs), "--", "--output_dir", str(out)]
+        + ["--max_steps", "3", "--save_steps", "3"],
+        RECIPE="recipes/smoke/config_grpo_vllm.yaml",
+    )
+    assert run.returncode == 0, run.text[-6000:]
+    healthy = float(run.first(r"vLLM server healthy after ([\d.]+)s")[1].group(1))
+    measured("training.sh: server time to healthy", healthy)
+    measured("training.sh: whole run (server start, 3 steps, teardown)", run.ended - run.start)
+    assert "vllm server: node localhost, CPU (vLLM's CPU build)" in run.text
+    assert "weight sync disk" in run.text
+    assert run_is_complete(out)
+
+    steps = {e["step"]: e for e in log_history(out) if "loss" in e}
+    assert sorted(steps) == [1, 2, 3]
+    assert all(steps[s]["vllm/weight_sync_seconds"] > 0 for s in steps)
+    vllm_logs = list(logs.glob("*_vllm.log"))
+    assert [p.name.endswith("_vllm.log") and p.name.startswith("out_") for p in vllm_logs] == [True]
+    assert "Application startup complete" in vllm_logs[0].read_text()
+    assert len(list(logs.glob("*_train.log"))) == 1
+
+    left, waited = wait_until_gone({server_pid(run)}, marker=str(out), timeout=10)
+    assert not left, left
+    assert waited < 1  # gone by the time the launcher exited
+
+
+def test_trainer_crash_stops_the_server_and_leaves_no_process(tmp_path, tiny_model):
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml",
+        SMOKE_VLLM,
+        model_name_or_path=str(tiny_model),
+        output_dir=str(out),
+        reward_funcs=["tests.helpers.crashing_rewards:boom"],
+        reward_weights=[1.0],
+    )
+    run = Streamed([MAXENT_GRPO, "run", "--config", str(recipe), "--logs-dir", str(logs)])
+    assert run.returncode not in (0, None), run.text[-6000:]
+    pid = server_pid(run)
+    crashed, _ = run.first(r"boom: this reward function crashes")
+    trainer_gone, _ = run.first(r"training exited with code [1-9]")
+    stopped, match = run.first(r"vLLM server stopped in ([\d.]+)s")
+    left, waited = wait_until_gone({pid}, marker=str(tmp_path), timeout=15)
+    assert not left, left
+    teardown = run.ended + waited - crashed
+    measured("trainer crash (first rank exits) -> trainers exited", trainer_gone - crashed)
+    measured("server stop (SIGTERM to its process group -> gone)", float(match.group(1)))
+    measured("trainer crash -> launcher exit, server and trainers gone", teardown)
+    assert float(match.group(1)) < 5
+    assert teardown < 30
+    assert not run_is_complete(out)
+
+
+def test_server_that_dies_at_start_fails_in_seconds_with_its_log(tmp_path, tiny_model):
+    """A setting only vLLM rejects (context longer than the model's): no trainer starts."""
+    logs = tmp_path / "logs"
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml",
+        SMOKE_VLLM,
+        model_name_or_path=str(tiny_model),
+        output_dir=str(tmp_path / "out"),
+        vllm_max_model_length=4096,  # the tiny model has 1024 positions
+    )
+    run = Streamed([MAXENT_GRPO, "run", "--config", str(recipe), "--logs-dir", str(logs)])
+    assert run.returncode == 2, run.text[-6000:]
+    started, _ = run.first(r"vLLM server starting")
+    measured("server death at start -> launcher exit", run.ended - started)
+    assert run.ended - started < 60  # mostly vLLM's import; far below vllm_server_timeout
+    when, match = run.first(r"^error: vLLM server exited with code (\d+) ([\d.]+)s after start")
+    assert int(match.group(1)) != 0
+    died_after = float(match.group(2))
+    measured("server death at start: vLLM's own time to exit", died_after)
+    measured("server exit -> error reported", when - started - died_after)
+    error_at = [i for i, (_, line) in enumerate(run.lines) if line.startswith("error: vLLM")][0]
+    tail = "\n".join(line for _, line in run.lines[error_at + 1 :])
+    assert "max_model_len" in tail or "max-model-len" in tail
+    assert not list(logs.glob("*_train.log"))
+    assert not wait_until_gone({int(server_pid(run))}, marker=str(tmp_path), timeout=10)[0]
+    assert Path(logs).is_dir()

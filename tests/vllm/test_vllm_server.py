@@ -1,0 +1,224 @@
+"""A real vLLM server (CPU build) on the tiny model, and GRPO training against it.
+
+One server for the whole module (starting one costs 30-75 s on CPU), started exactly as the
+launcher starts it: plan.make_plan -> server.VLLMServer.
+"""
+
+from __future__ import annotations
+
+import http.client
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import requests
+import torch
+
+from helpers.procs import wait_until_gone
+from helpers.runs import REPO, child_env, log_history, write_recipe
+from maxent_grpo.launch.plan import Environment, LaunchRequest, Ports, make_plan
+from maxent_grpo.launch.processes import free_port
+from maxent_grpo.launch.server import VLLMServer, probe
+
+pytestmark = pytest.mark.vllm
+
+SMOKE_VLLM = REPO / "recipes" / "smoke" / "config_grpo_vllm.yaml"
+GRPO = str(REPO / "src" / "grpo.py")
+TOLERANCE = 1e-5  # float32 on both sides
+TEXT = "What is the sum of 12 plus 30? <think> 12 plus 30 </think> <answer> 42 </answer>"
+
+
+def measured(name: str, value: float, unit: str = "s") -> None:
+    print(f"\nMEASURED {name}: {value:.3g}{unit}", flush=True)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_model):
+    """(plan, url, model id, tmp dir): a CPU vLLM server for the recipe this module trains."""
+    tmp = tmp_path_factory.mktemp("vllm-server")
+    recipe = write_recipe(
+        tmp / "recipe.yaml",
+        SMOKE_VLLM,
+        model_name_or_path=str(tiny_model),
+        output_dir=str(tmp / "out"),
+        max_steps=3,
+        save_steps=1,
+        # A dense reward, so that the weights really move between syncs.
+        reward_funcs=["tests.helpers.climbable_rewards:digit_fraction"],
+        reward_weights=[1.0],
+        max_completion_length=16,
+    )
+    request = LaunchRequest(
+        recipe=str(recipe),
+        entry_script=GRPO,
+        use_vllm=True,
+        vllm_mode="server",
+        model=str(tiny_model),
+        max_model_len=512,
+        vllm_gpu_memory_utilization=0.1,
+        vllm_server_device="cpu",
+        vllm_weight_sync="disk",
+        vllm_server_dtype="float32",
+        vllm_server_enforce_eager=True,
+        vllm_server_timeout=300,
+    )
+    ports = Ports(vllm=free_port(), vllm_group=free_port(), main_process=free_port())
+    plan = make_plan(Environment(python=sys.executable), request, ports)
+    server = VLLMServer(plan.server, tmp / "logs" / "test_vllm.log", child_env())
+    server.start()
+    try:
+        took = server.wait_until_healthy()
+        measured("shared server: time to healthy", took)
+        url = plan.server.url
+        model_id = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+        yield SimpleNamespace(plan=plan, url=url, model_id=model_id, tmp=tmp, server=server)
+    finally:
+        start = time.monotonic()
+        server.stop()
+        left, _ = wait_until_gone({server.pid}, timeout=15)
+        measured("shared server: stop", time.monotonic() - start)
+        assert not left, left
+
+
+def token_ids(model_dir: Path, text: str = TEXT) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"]
+
+
+def hf_logprobs(model_dir: Path, ids: list[int]) -> list[float]:
+    """log p(ids[i] | ids[:i]) for i >= 1, by transformers in float32."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    logprobs = logits.log_softmax(-1)
+    return [logprobs[i - 1, ids[i]].item() for i in range(1, len(ids))]
+
+
+def server_prompt_logprobs(served, ids: list[int]) -> list[float]:
+    response = requests.post(
+        f"{served.url}/v1/completions",
+        json={
+            "model": served.model_id,
+            "prompt": [ids],
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "prompt_logprobs": 0,
+        },
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    per_position = response.json()["choices"][0]["prompt_logprobs"]
+    return [per_position[i][str(ids[i])]["logprob"] for i in range(1, len(ids))]
+
+
+def max_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def test_health_answers_on_health_and_health_slash(served):
+    assert probe(served.plan.server.health_url) == 200
+    assert probe(f"{served.url}/health/") == 200  # the redirect, followed
+    connection = http.client.HTTPConnection("localhost", served.plan.server.port, timeout=10)
+    connection.request("GET", "/health/")
+    response = connection.getresponse()
+    assert response.status == 307 and response.getheader("location").endswith("/health")
+
+
+def test_generation_through_trls_client(served, tiny_model):
+    from trl.generation.vllm_client import VLLMClient
+
+    client = VLLMClient(base_url=served.url, connection_timeout=10)
+    ids = token_ids(tiny_model)
+    out = client.generate(prompts=[ids], n=3, max_tokens=8, temperature=1.0, logprobs=0)
+    assert out["prompt_ids"] == [ids]
+    assert len(out["completion_ids"]) == 3
+    assert all(1 <= len(c) <= 8 for c in out["completion_ids"])
+    assert [len(lp) for lp in out["logprobs"]] == [len(c) for c in out["completion_ids"]]
+    text = requests.post(
+        f"{served.url}/v1/completions",
+        json={"model": served.model_id, "prompt": "What is", "max_tokens": 4},
+        timeout=60,
+    ).json()
+    assert text["choices"][0]["text"] is not None
+
+
+def test_server_logprobs_match_transformers_before_training(served, tiny_model):
+    ids = token_ids(tiny_model)
+    diff = max_diff(server_prompt_logprobs(served, ids), hf_logprobs(tiny_model, ids))
+    measured("initial model: max |server - transformers| logprob", diff, "")
+    assert diff < TOLERANCE
+
+
+def test_grpo_with_disk_sync_keeps_the_server_on_the_trained_weights(served, tiny_model):
+    """Train 3 steps against the server; every sync must land, exactly."""
+    from maxent_grpo.vllm_sync import WEIGHTS_DIRNAME, _SafetensorsWriter, reload_weights
+
+    plan = served.plan
+    env = child_env(**plan.train.env)
+    start = time.monotonic()
+    result = subprocess.run(
+        list(plan.train.command), cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+    )
+    measured("training 3 steps against the server (2 CPU processes)", time.monotonic() - start)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    out = served.tmp / "out"
+
+    steps = {e["step"]: e for e in log_history(out) if "loss" in e}
+    assert sorted(steps) == [1, 2, 3]
+    syncs = [steps[s]["vllm/weight_sync_seconds"] for s in (1, 2, 3)]
+    measured("disk weight sync per step (mean of 3)", sum(syncs) / 3)
+    assert all(s > 0 for s in syncs)
+    # TRL's own check, every step: the server's logprobs of the sampled tokens vs the trainer's.
+    assert all(steps[s]["sampling/sampling_logp_difference/max"] < 1e-4 for s in steps)
+    assert any(steps[s]["grad_norm"] > 0 for s in steps)
+    assert not (out / WEIGHTS_DIRNAME).exists()  # every sync directory was cleaned up
+
+    # The server got the weights as of the last sync: before step 3, i.e. checkpoint-2.
+    ids = token_ids(tiny_model)
+    on_server = server_prompt_logprobs(served, ids)
+    synced = hf_logprobs(out / "checkpoint-2", ids)
+    diff = max_diff(on_server, synced)
+    measured("after training: max |server - checkpoint-2| logprob", diff, "")
+    assert diff < TOLERANCE
+    assert max_diff(synced, hf_logprobs(tiny_model, ids)) > 1e-4  # the weights did move
+
+    # Completion logprobs too: sample on the server, score with transformers.
+    response = requests.post(
+        f"{served.url}/v1/completions",
+        json={
+            "model": served.model_id,
+            "prompt": [ids],
+            "max_tokens": 8,
+            "temperature": 1.0,
+            "logprobs": 0,
+            "seed": 1,
+            "return_token_ids": True,
+        },
+        timeout=60,
+    ).json()["choices"][0]
+    completion = response["token_ids"]
+    scored = hf_logprobs(out / "checkpoint-2", ids + completion)[len(ids) - 1 :]
+    assert max_diff(response["logprobs"]["token_logprobs"], scored) < TOLERANCE
+
+    # And the final model, pushed the way the trainer pushes (sharded safetensors + reload).
+    from transformers import AutoModelForCausalLM
+
+    final = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    writer = _SafetensorsWriter(served.tmp / "final-push", shard_bytes=200_000)
+    for name, param in final.named_parameters():
+        writer.add(name, param.data)
+    assert writer.close() > 1
+    client = SimpleNamespace(base_url=served.url, session=requests.Session())
+    start = time.monotonic()
+    reload_weights(client, writer.directory)
+    measured("reload_weights of the final model", time.monotonic() - start)
+    diff = max_diff(server_prompt_logprobs(served, ids), hf_logprobs(out, ids))
+    measured("final model: max |server - transformers| logprob", diff, "")
+    assert diff < TOLERANCE
