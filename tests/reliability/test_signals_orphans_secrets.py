@@ -1,0 +1,156 @@
+"""Signals, leftovers and secrets, through the real launcher (2 CPU training processes).
+
+After success, failure and signals no process of the run may remain (zombies do not count:
+this machine's PID 1 does not reap orphans). With tokens in the environment and shell tracing
+on, no file under logs/ or the output directory may contain them.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.procs import wait_until_gone
+from helpers.runs import REPO, child_env, write_recipe
+from maxent_grpo.checkpoints import last_complete_checkpoint, run_is_complete
+
+pytestmark = pytest.mark.integration
+MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")
+
+
+def recipe(tmp_path: Path, tiny_model: Path, **overrides) -> Path:
+    settings = dict(
+        model_name_or_path=str(tiny_model),
+        output_dir=str(tmp_path / "out"),
+        dataset_num_rows=128,
+        max_completion_length=12,
+        max_steps=4,
+        save_steps=1000,
+    )
+    settings.update(overrides)
+    return write_recipe(
+        tmp_path / "recipe.yaml", REPO / "recipes/smoke/config_grpo.yaml", **settings
+    )
+
+
+def launch(tmp_path: Path, path: Path, **env) -> subprocess.Popen:
+    log = open(tmp_path / "launcher.out", "ab")
+    return subprocess.Popen(
+        [MAXENT_GRPO, "run", "--config", str(path), "--logs-dir", str(tmp_path / "logs")],
+        cwd=REPO,
+        env=child_env(**env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def launcher_out(tmp_path: Path) -> str:
+    return (tmp_path / "launcher.out").read_text(errors="replace")
+
+
+def assert_nothing_left(tmp_path: Path) -> None:
+    left, _ = wait_until_gone(marker=str(tmp_path), timeout=20)
+    assert not left, left
+
+
+def wait_for_training(tmp_path: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        logs = list((tmp_path / "logs").glob("*_train.log"))
+        if logs and "'loss'" in logs[0].read_text(errors="replace"):
+            return
+        time.sleep(0.3)
+    raise AssertionError("training did not start: " + launcher_out(tmp_path)[-2000:])
+
+
+def test_no_secrets_in_logs_or_outputs_even_with_shell_tracing(tmp_path, tiny_model):
+    hf, wandb = f"hf_{secrets.token_hex(16)}", secrets.token_hex(20)
+    path = recipe(tmp_path, tiny_model)
+    (tmp_path / "logs").mkdir()
+    with open(tmp_path / "logs" / "slurm_trace.out", "wb") as trace:
+        code = subprocess.run(
+            [
+                "bash",
+                "-x",
+                "training.sh",
+                "--config",
+                str(path),
+                "--logs-dir",
+                str(tmp_path / "logs"),
+            ],
+            cwd=REPO,
+            env=child_env(HF_TOKEN=hf, WANDB_API_KEY=wandb),
+            stdout=trace,
+            stderr=subprocess.STDOUT,
+            timeout=600,
+        ).returncode
+    assert code == 0, (tmp_path / "logs" / "slurm_trace.out").read_text()[-3000:]
+    assert run_is_complete(tmp_path / "out")
+    files = [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]
+    files += [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert len(files) > 10
+    for file in files:
+        data = file.read_bytes()
+        assert hf.encode() not in data and wandb.encode() not in data, file
+    assert_nothing_left(tmp_path)
+
+
+def test_trainer_crash_leaves_no_process(tmp_path, tiny_model):
+    proc = launch(tmp_path, recipe(tmp_path, tiny_model), MAXENT_GRPO_FAILPOINT="step_begin:2")
+    assert proc.wait(timeout=300) != 0
+    assert not run_is_complete(tmp_path / "out")
+    assert_nothing_left(tmp_path)
+
+
+def test_sigterm_checkpoints_at_the_next_step_and_resumes(tmp_path, tiny_model):
+    path = recipe(tmp_path, tiny_model, max_steps=2000)
+    proc = launch(tmp_path, path)
+    wait_for_training(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 85, launcher_out(tmp_path)[-3000:]
+    assert "SIGTERM received: checkpointing at the next step boundary" in launcher_out(tmp_path)
+    checkpoint = last_complete_checkpoint(tmp_path / "out")
+    assert checkpoint is not None
+    assert "not requeued: not running under Slurm" in launcher_out(tmp_path)
+    assert_nothing_left(tmp_path)
+
+    # The same command resumes from that checkpoint.
+    write_recipe(path, path, max_steps=int(checkpoint.name.split("-")[1]) + 2)
+    assert launch(tmp_path, path).wait(timeout=300) == 0
+    assert f"Resuming from {checkpoint}" in "".join(
+        p.read_text() for p in (tmp_path / "logs").glob("*_train.log")
+    )
+    assert run_is_complete(tmp_path / "out")
+
+
+def test_second_signal_stops_everything_at_once(tmp_path, tiny_model):
+    proc = launch(tmp_path, recipe(tmp_path, tiny_model, max_steps=2000))
+    wait_for_training(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    # Python coalesces a signal that arrives before its handler ran: wait for the first.
+    deadline = time.monotonic() + 30
+    while "SIGINT received" not in launcher_out(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 85
+    assert "SIGINT again: stopping everything now" in launcher_out(tmp_path)
+    assert_nothing_left(tmp_path)
+    # Whatever the kill interrupted, resume never sees an incomplete checkpoint as complete.
+    checkpoint = last_complete_checkpoint(tmp_path / "out")
+    if checkpoint is not None:
+        assert (checkpoint / "model.safetensors").is_file()
+
+
+def test_signal_during_startup_stops_before_training(tmp_path, tiny_model):
+    proc = launch(tmp_path, recipe(tmp_path, tiny_model, max_steps=2000))
+    time.sleep(1.0)  # the launcher is still importing
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=180) == 85, launcher_out(tmp_path)[-3000:]
+    assert "SIGUSR1 received" in launcher_out(tmp_path)
+    assert not run_is_complete(tmp_path / "out")
+    assert_nothing_left(tmp_path)
