@@ -132,13 +132,21 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluste
     assert stopped.group(2).endswith(f"checkpoint-{step}")
     assert f"Resuming from {stopped.group(2)}" in second
 
+    # Nothing of either attempt is left running (zombies aside).
+    left = [
+        line
+        for line in subprocess.run(
+            ["ps", "-eo", "stat=,args="], capture_output=True, text=True
+        ).stdout.splitlines()
+        if str(path) in line and not line.lstrip().startswith("Z")
+    ]
+    assert not left, left
+
     reference = local_reference_run(tmp_path, max_steps=steps)
     assert_same_weights(tmp_path / "out", reference)
 
 
-def test_array_retry_resumes_after_hard_kill_and_later_tasks_exit_at_once(
-    slurm_cluster, tmp_path
-):
+def test_array_retry_resumes_after_hard_kill_and_later_tasks_exit_at_once(slurm_cluster, tmp_path):
     steps = 400
     path = recipe(tmp_path, max_steps=steps, save_steps=20)
     job = sbatch_training(slurm_cluster, tmp_path, path, "--array=0-2%1")
