@@ -109,7 +109,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     tiny = sub.add_parser("tiny-model", help="make the tiny local Qwen2 model (cached)")
     tiny.add_argument("--out", default=None, help="directory (default: .cache/models/tiny-qwen2)")
+    _add_runs_commands(sub)
     return parser
+
+
+def _add_runs_commands(sub) -> None:
+    runs = sub.add_parser(
+        "runs", help="one line per run under outputs/ and logs/: state, step, reward, checkpoint"
+    )
+    runs.add_argument(
+        "--dir",
+        dest="dirs",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="where to look for output dirs and logs (repeatable; default: outputs and logs)",
+    )
+    runs.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    runs.add_argument(
+        "--active-within",
+        type=float,
+        default=15,
+        metavar="MIN",
+        help="a Slurm attempt with no exit line counts as running while its log was written "
+        "in the last MIN minutes (default 15)",
+    )
+    plot = sub.add_parser("plot", help="plot a run's reward, KL, entropy, length (PNG + CSV)")
+    plot.add_argument("run", help="run name (looked up under --outputs) or an output directory")
+    plot.add_argument("--out", default=None, help="PNG file (default: ./<run>.png)")
+    plot.add_argument("--csv", default=None, help="CSV file (default: the PNG's name, .csv)")
+    plot.add_argument("--outputs", default="outputs", help="where run names are looked up")
+    plot.add_argument(
+        "--logs",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="train logs to find resume points in (repeatable; default: logs)",
+    )
 
 
 def _options(args):
@@ -128,6 +164,15 @@ def _options(args):
 
 
 def _run(args) -> int:
+    # runs / plot only read files: they must not pay for importing TRL (seconds).
+    if args.command == "runs":
+        from maxent_grpo import runs
+
+        return runs.main(args.dirs, as_json=args.json, active_within=args.active_within * 60)
+    if args.command == "plot":
+        from maxent_grpo import plot
+
+        return plot.main(args.run, args.out, args.csv, args.outputs, args.logs or ["logs"])
     from maxent_grpo.launch.launcher import launch, prepare
 
     if args.command == "run":

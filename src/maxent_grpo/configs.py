@@ -436,7 +436,8 @@ def split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
 def _recipe_parser(argv: list[str], types: RecipeTypes) -> tuple[TrlParser, list[str], str]:
     """A parser whose defaults are the recipe's (checked) values, and the remaining flags."""
     path, args = split_config_flag(list(argv))
-    parser = _RaisingParser(types)
+    # allow_abbrev=False: argparse would otherwise take --max_step as --max_steps, silently.
+    parser = _RaisingParser(types, allow_abbrev=False)
     if path is not None:
         raw = load_recipe_file(path)
         if "env" in raw:

@@ -27,18 +27,29 @@ def check_model_path(model_name_or_path: str | None) -> None:
 
 
 def check_output_dir(output_dir: str | None) -> None:
-    """The output directory must be creatable and writable before any training starts."""
+    """The output directory must be writable (or creatable) before any training starts.
+
+    Checks without creating anything: `check` and `plan` leave no empty directories behind.
+    """
     if not output_dir:
         raise ConfigError("output_dir: not set; give a writable directory")
-    path = Path(output_dir)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            pass
-    except OSError as exc:
+    path = Path(output_dir).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    problem = None
+    if not existing.is_dir():
+        problem = f"{existing} is a file"
+    elif existing == path:
+        try:
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+                pass
+        except OSError as exc:
+            problem = exc.strerror
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"cannot create it in {existing}"
+    if problem:
         raise ConfigError(
-            f"output_dir: {output_dir!r} is not writable ({exc.strerror}); choose another directory"
-        ) from None
+            f"output_dir: {output_dir!r} is not writable ({problem}); choose another directory"
+        )
 
 
 def check_rewards(script_args, training_args) -> None:
@@ -64,7 +75,7 @@ def check_recipe(script_args, training_args, model_args):
     """
     from maxent_grpo.data import parse_mixture, preflight_columns
 
-    mixture = parse_mixture(script_args.dataset_mixture, "dataset_mixture")
+    mixture = parse_mixture(script_args.dataset_mixture, "recipe")
     check_model_path(model_args.model_name_or_path)
     check_rewards(script_args, training_args)
     import datasets

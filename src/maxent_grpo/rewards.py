@@ -39,11 +39,13 @@ from maxent_grpo.errors import UserError
 
 __all__ = [
     "REWARD_SETTINGS",
+    "GuardedReward",
     "RepetitionPenalty",
     "RewardError",
     "RewardFunc",
     "SoftOverlongPunishment",
     "get_reward_funcs",
+    "guard_rewards",
     "list_reward_names",
 ]
 

@@ -20,12 +20,14 @@ from maxent_grpo.checkpoints import (
     mark_run_complete,
     run_is_complete,
 )
+from maxent_grpo.configs import world_size_from_env
 from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError
 from maxent_grpo.faults import failpoint
 
 
 class StoppedForRequeue(Exception):
     """Training stopped at a step boundary on request, after saving a complete checkpoint."""
+
 
 logger = logging.getLogger("maxent_grpo")
 
@@ -82,6 +84,15 @@ def _model_init_kwargs(model_args, training_args) -> dict:
     }
     kwargs.update(training_args.model_init_kwargs or {})
     return kwargs
+
+
+def _is_final(checkpoint: Path, training_args) -> bool:
+    """Whether a checkpoint already holds the last training step of this recipe."""
+    import json
+
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    max_steps = training_args.max_steps if training_args.max_steps > 0 else state["max_steps"]
+    return state["global_step"] >= max_steps
 
 
 def grpo_trainer_class():
@@ -146,7 +157,17 @@ def main(script_args, training_args, model_args, trainer_class=None, method: str
     if checkpoint is not None:
         logger.info("Resuming from %s", checkpoint)
     failpoint("train_start")
-    result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if checkpoint is not None and _is_final(checkpoint, training_args):
+        # Killed after the last step's checkpoint (e.g. during the final save). Resuming
+        # there, HF Trainer would run one step too many: load it and only save again.
+        from transformers import TrainerState
+
+        trainer._load_from_checkpoint(str(checkpoint))
+        trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+        train_loss = None
+    else:
+        resume = str(checkpoint) if checkpoint else None
+        train_loss = trainer.train(resume_from_checkpoint=resume).training_loss
     if stop.stopped and trainer.state.global_step < trainer.state.max_steps:
         trainer.accelerator.wait_for_everyone()  # no rank leaves while another still saves
         logger.info(
@@ -166,7 +187,7 @@ def main(script_args, training_args, model_args, trainer_class=None, method: str
             {
                 "method": method,
                 "global_step": trainer.state.global_step,
-                "train_loss": result.training_loss,
+                "train_loss": train_loss,
             },
         )
         logger.info("Training complete; model saved to %s", output_dir)
@@ -194,5 +215,7 @@ def cli_main(argv: list[str], types=None, trainer_class_factory=None, method: st
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except StoppedForRequeue:
-        return EXIT_CHECKPOINTED
+        # One process: a distinct code. Under accelerate/torchrun a non-zero rank would make
+        # torchrun kill its peers and print a failure report; the launcher knows it asked.
+        return EXIT_CHECKPOINTED if world_size_from_env() == 1 else 0
     return 0

@@ -19,6 +19,7 @@ from maxent_grpo.checkpoints import (
     last_complete_checkpoint,
     request_stop,
     run_is_complete,
+    stop_requested,
 )
 from maxent_grpo.configs import LaunchArguments
 from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError
@@ -143,6 +144,17 @@ def _cuda_here() -> bool:
         return False
 
 
+def _output_name(recipe: str) -> str:
+    """The run name a recipe would get (its output_dir's name), even from a broken recipe."""
+    import yaml
+
+    try:
+        output_dir = yaml.safe_load(Path(recipe).read_text()).get("output_dir")
+        return Path(output_dir).name or Path(recipe).stem
+    except Exception:  # noqa: BLE001 - any unreadable recipe falls back to its file name
+        return Path(recipe).stem
+
+
 def log_path(logs_dir: Path, run_name: str, role: str, environ=os.environ) -> Path:
     """logs/<run>_<jobid>_<time>_<role>.log: one file per attempt, never truncated."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -245,6 +257,12 @@ class Launch:
             if marker is not None:
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.write_text(f"{exc}\n")
+            # Leave the error where `maxent-grpo runs` looks: a train log of this attempt.
+            name = self.options.run_name or _output_name(self.options.recipe)
+            error_log = log_path(self.options.logs_dir, name, "train", self.environ)
+            error_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(error_log, "a") as log:
+                log.write(f"error: {exc}\n")
             raise
         launch_args = next(p for p in parsed if isinstance(p, LaunchArguments))
         self.output_dir = Path(parsed[1].output_dir)
@@ -287,6 +305,8 @@ class Launch:
         if run_is_complete(self.output_dir):
             print(f"model: {self.output_dir}")
             return 0
+        if self.stop_reason is None and stop_requested(self.output_dir):
+            self.stop_reason = "stop requested through the stop file"
         if self.stop_reason is None:
             return code if code else 1
         checkpoint = last_complete_checkpoint(self.output_dir)

@@ -7,6 +7,7 @@ this checks it before anything is queued.
 from __future__ import annotations
 
 import subprocess
+import sys
 
 from maxent_grpo.errors import UserError
 from maxent_grpo.launch.launcher import LaunchOptions, prepare
@@ -16,7 +17,8 @@ from maxent_grpo.launch.plan import Environment
 def planned_environment(nodes: int, gpus_per_node: int) -> Environment:
     """The allocation a job will get, for checking the recipe before it is queued."""
     gpus = tuple(str(i) for i in range(gpus_per_node))
-    return Environment(gpus=gpus, nodes=tuple(f"node{i}" for i in range(nodes)))
+    nodes_ = tuple(f"node{i}" for i in range(nodes))
+    return Environment(gpus=gpus, nodes=nodes_, python=sys.executable)
 
 
 def sbatch_command(options: LaunchOptions, args) -> list[str]:
