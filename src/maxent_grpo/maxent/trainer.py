@@ -1,0 +1,269 @@
+"""MaxEnt-GRPO on TRL's GRPOTrainer: same generation, rewards, logging and checkpoints.
+
+Overrides, and why:
+- `_calculate_rewards`: keep TRL's rewards (already gathered across processes), which TRL turns
+  into advantages and drops.
+- `_generate_and_score_completions`: after TRL, compute the MaxEnt weights of every group from
+  the gathered rewards and reference log-likelihoods, then keep this process's slice.
+- `_compute_loss`: the weighted log-likelihood replaces TRL's loss (so TRL's per-token KL
+  penalty is never added); measure the KL to the reference and step the controllers.
+- `_save_checkpoint` / `_load_optimizer_and_scheduler`: controller state in every checkpoint.
+
+MaxEntGRPOTrainer adds the mixins of our GRPO trainer: complete checkpoints and vLLM weight sync.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import trl
+
+from maxent_grpo.checkpoints import CompleteCheckpointsMixin, write_json_atomic
+from maxent_grpo.errors import UserError
+from maxent_grpo.maxent.config import MaxEntConfig
+from maxent_grpo.maxent.controllers import KLController, TauController
+from maxent_grpo.maxent.weights import (
+    informative_groups,
+    maxent_weights,
+    sequence_log_likelihood,
+    weight_stats,
+    weighted_policy_loss,
+)
+from maxent_grpo.vllm_sync import VLLMSyncMixin
+
+CONTROLLER_STATE_FILE = "maxent_controller_state.json"
+
+# Model inputs besides ids and mask that TRL forwards for multimodal models.
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+# Bound on |log pi_ref - log pi| per token in the KL estimate: exp() of more overflows.
+_MAX_LOG_RATIO = 20.0
+
+
+def _loss_mask(batch: dict) -> torch.Tensor:
+    mask = batch["completion_mask"]
+    return mask if "tool_mask" not in batch else mask * batch["tool_mask"]
+
+
+class _MaxEntTrainerBase(trl.GRPOTrainer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        config = self.args
+        if not isinstance(config, MaxEntConfig):
+            raise TypeError(f"MaxEntGRPOTrainer needs a MaxEntConfig, got {type(config).__name__}")
+        self.kl_controller = KLController(config.init_kl_coeff, config.kl_target, config.kl_horizon)
+        self.tau_controller = TauController(
+            config.maxent_tau,
+            config.maxent_target_weight_entropy,
+            lr=config.maxent_tau_lr or 0.0,
+            tau_min=config.maxent_tau_min or 0.0,
+            tau_max=config.maxent_tau_max or math.inf,
+        )
+        self._gathered_rewards = None
+        # Measurements since the last optimizer step, consumed by the controllers at its end.
+        self._kl_window = torch.zeros(3, dtype=torch.float64)  # KL sum, tokens, completions
+        self._pending_entropies: list[float] = []
+
+    # ---- weights -------------------------------------------------------------------------
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(
+            inputs, prompts, completions, completion_ids_list
+        )
+        self._gathered_rewards = rewards_per_func
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        rewards_per_func, self._gathered_rewards = self._gathered_rewards, None
+
+        # TRL's weighted sum; NaN (no weight) where every reward function returned None.
+        weights_per_func = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        rewards = (rewards_per_func * weights_per_func).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+
+        ref_ll = None
+        if "ref_per_token_logps" in output:
+            local_ll = sequence_log_likelihood(
+                output["ref_per_token_logps"],
+                _loss_mask(output),
+                self.args.maxent_length_normalize_ref,
+            )
+            # Same process-major order as TRL's reward gather, so groups line up.
+            ref_ll = self.accelerator.gather(local_ll)
+
+        tau, beta = self.tau_controller.tau, self.kl_controller.beta
+        weights = maxent_weights(
+            rewards,
+            group_size,
+            tau=tau,
+            beta=beta,
+            ref_log_likelihood=ref_ll,
+            q_temperature=self.args.maxent_q_temperature,
+            q_epsilon=self.args.maxent_q_epsilon,
+        )
+        metrics = self._metrics[mode]
+        stats = weight_stats(weights, group_size)
+        if stats is not None:
+            metrics["maxent/weight_entropy"].append(stats.entropy)
+            metrics["maxent/ess"].append(stats.ess)
+            metrics["maxent/max_weight"].append(stats.max_weight)
+        # The tau controller only looks at groups whose rewards differ (see informative_groups).
+        informative = weight_stats(weights, group_size, informative_groups(rewards, group_size))
+        if mode == "train" and informative is not None:
+            self._pending_entropies.append(informative.entropy)
+
+        # Every process computed all weights; keep this process's slice, as TRL does.
+        n_local = output["completion_ids"].size(0)
+        start = self.accelerator.process_index * n_local
+        output["maxent_weights"] = weights[start : start + n_local].to(
+            output["completion_ids"].device
+        )
+        return output
+
+    # ---- loss ----------------------------------------------------------------------------
+
+    def _compute_loss(self, model, inputs):
+        mode = "train" if self.model.training else "eval"
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in _FORWARD_KEYS},
+        )
+        mask = _loss_mask(inputs)
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        if old_per_token_logps is None:  # on-policy: TRL skips computing it
+            old_per_token_logps = per_token_logps.detach()
+        sampling_correction = self.use_vllm and self.vllm_importance_sampling_correction
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+
+        # Scaling by K makes the batch mean equal sum_i w_i (...) averaged over groups.
+        per_completion = weighted_policy_loss(
+            per_token_logps,
+            old_per_token_logps,
+            mask,
+            inputs["maxent_weights"] * group_size,
+            self.epsilon_low,
+            self.epsilon_high,
+            inputs["importance_sampling_ratio"] if sampling_correction else None,
+        )
+        normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        loss = per_completion.mean() / normalizer
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
+            aux = self.accelerator.gather_for_metrics(aux_loss).mean().item()
+            self._metrics[mode]["aux_loss"].append(aux)
+
+        self._log_and_control(
+            mode, inputs, per_token_logps.detach(), old_per_token_logps, mask, entropies
+        )
+        return loss
+
+    def _log_and_control(self, mode, inputs, logps, old_logps, mask, entropies) -> None:
+        """Log this micro-batch's metrics; at the end of an optimizer step, step the controllers."""
+        # float32 at least: the sums below run over many tokens.
+        logps, mask, entropies = logps.float(), mask.float(), entropies.float()
+        ratio = torch.exp(logps - old_logps.float())
+        clipped = (ratio > 1 + self.epsilon_high).to(logps.dtype)  # weights >= 0: upper clip only
+        kl_sum = torch.zeros((), dtype=logps.dtype, device=logps.device)
+        if "ref_per_token_logps" in inputs:
+            # k3 estimator of KL(pi || pi_ref), as TRL's `kl` metric; measured, not optimised.
+            log_ratio = (inputs["ref_per_token_logps"].float() - logps).clamp(
+                -_MAX_LOG_RATIO, _MAX_LOG_RATIO
+            )
+            kl_sum = ((torch.exp(log_ratio) - log_ratio - 1) * mask).sum()
+        local = torch.stack(
+            [
+                (entropies * mask).sum(),
+                (clipped * mask).sum(),
+                mask.sum(),
+                kl_sum,
+                torch.tensor(float(logps.size(0)), dtype=logps.dtype, device=logps.device),
+            ]
+        )
+        entropy_sum, clipped_sum, tokens, kl_total, completions = (
+            self.accelerator.reduce(local, reduction="sum").double().cpu().tolist()
+        )
+        metrics = self._metrics[mode]
+        metrics["entropy"].append(entropy_sum / max(tokens, 1.0))
+        metrics["clip_ratio/high_mean"].append(clipped_sum / max(tokens, 1.0))
+        metrics["maxent/beta"].append(self.kl_controller.beta)
+        metrics["maxent/tau"].append(self.tau_controller.tau)
+        if "ref_per_token_logps" in inputs:
+            metrics["maxent/kl"].append(kl_total / max(tokens, 1.0))
+
+        if mode != "train":
+            return
+        self._kl_window += torch.tensor([kl_total, tokens, completions], dtype=torch.float64)
+        if self.accelerator.sync_gradients:
+            self._step_controllers()
+
+    def _step_controllers(self) -> None:
+        kl_total, tokens, completions = self._kl_window.tolist()
+        if tokens > 0:
+            self.kl_controller.update(kl_total / tokens, int(completions))
+        # TRL only tests `self.beta != 0` (reference log-probs); keep it equal to the controller.
+        self.beta = self.kl_controller.beta
+        if self._pending_entropies:
+            entropies = self._pending_entropies
+            self.tau_controller.update(sum(entropies) / len(entropies))
+        self._kl_window.zero_()
+        self._pending_entropies = []
+
+    # ---- checkpoints ---------------------------------------------------------------------
+
+    def controller_state(self) -> dict:
+        return {"kl": self.kl_controller.state_dict(), "tau": self.tau_controller.state_dict()}
+
+    def load_controller_state(self, state: dict) -> None:
+        self.kl_controller.load_state_dict(state["kl"])
+        self.tau_controller.load_state_dict(state["tau"])
+        self.beta = self.kl_controller.beta
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            checkpoint = Path(self._get_output_dir(trial=trial)) / (
+                f"checkpoint-{self.state.global_step}"
+            )
+            write_json_atomic(checkpoint / CONTROLLER_STATE_FILE, self.controller_state())
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = Path(checkpoint) / CONTROLLER_STATE_FILE
+        if not path.is_file():
+            raise UserError(
+                f"{checkpoint}: no {CONTROLLER_STATE_FILE}, so it was not written by the MaxEnt "
+                "trainer; resume it with --method grpo or train into a new output_dir"
+            )
+        self.load_controller_state(json.loads(path.read_text()))
+
+
+class MaxEntGRPOTrainer(CompleteCheckpointsMixin, VLLMSyncMixin, _MaxEntTrainerBase):
+    """MaxEnt-GRPO trainer, with the mixins of our GRPO trainer (train.grpo_trainer_class).
+    CompleteCheckpointsMixin comes first so that a checkpoint is marked complete only after
+    every file, the controller state included, is on disk."""

@@ -1,0 +1,281 @@
+"""MaxEnt-GRPO trainer on the tiny model (CPU): loss gradient, learning, resume, 2 processes.
+
+The integration tests train for real in subprocesses (a few steps each); run them with
+`pytest -m integration tests/test_maxent_training.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from maxent_grpo.checkpoints import RUN_MARKER, last_complete_checkpoint
+from maxent_grpo.tiny_model import build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE_RECIPE = ROOT / "recipes" / "smoke" / "config_maxent.yaml"
+ENTRY = ROOT / "src" / "maxent-grpo.py"
+CLIMB_REWARD = f"{Path(__file__).resolve().parent / 'maxent_climb_rewards.py'}:digit_fraction"
+# Keys that measure wall time or summarise a whole run, not one step.
+UNSTABLE_KEYS = {
+    "step_time",
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "train_loss",
+    "total_flos",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen2")
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def write_recipe(path: Path, tiny_model: Path, output_dir: Path, **changes) -> Path:
+    """The smoke recipe with the tiny model, an output dir and some keys changed (None drops)."""
+    recipe = yaml.safe_load(SMOKE_RECIPE.read_text())
+    recipe.update(model_name_or_path=str(tiny_model), output_dir=str(output_dir), **changes)
+    recipe = {k: v for k, v in recipe.items() if v is not None}
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def train(recipe: Path, *flags: str) -> None:
+    """One single-process training run of src/maxent-grpo.py."""
+    cmd = [sys.executable, str(ENTRY), "--config", str(recipe), *flags]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def step_logs(output_dir: Path) -> dict[int, dict]:
+    """Per-step training logs of the last complete checkpoint's trainer_state.json, by step."""
+    checkpoint = last_complete_checkpoint(output_dir)
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return {e["step"]: e for e in state["log_history"] if "loss" in e}
+
+
+# ---- the loss gradient, through the trainer ---------------------------------------------------
+
+K = 4
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_model, tmp_path_factory):
+    """An in-process MaxEnt trainer on the tiny model in float64, no reference model."""
+    from datasets import Dataset
+
+    from maxent_grpo.maxent.config import MaxEntConfig
+    from maxent_grpo.maxent.trainer import MaxEntGRPOTrainer
+
+    args = MaxEntConfig(
+        output_dir=str(tmp_path_factory.mktemp("trainer")),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        num_generations=K,
+        per_device_train_batch_size=K,
+        max_completion_length=6,
+        model_init_kwargs={"dtype": torch.float64},
+    )
+    return MaxEntGRPOTrainer(
+        model=str(tiny_model),
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["What is 1 + 1?"] * 4}),
+    )
+
+
+def test_loss_gradient_matches_finite_differences(trainer, monkeypatch):
+    """d loss / d theta = -sum_i w_i grad mean_t log pi(y_i,t), checked by central differences
+    of the weighted log-likelihood along a random direction (float64)."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    def rms_norm_in_input_dtype(self, hidden_states):
+        # Qwen2's RMSNorm computes in float32, whose rounding would swamp the differences.
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+
+    monkeypatch.setattr(Qwen2RMSNorm, "forward", rms_norm_in_input_dtype)
+    trainer.current_gradient_accumulation_steps = 1
+    model = trainer.model
+    model.train()
+    torch.manual_seed(0)
+    vocab = model.config.vocab_size
+    prompt_length = 5
+    completion_mask = torch.tensor([[1] * 6, [1] * 3 + [0] * 3, [1] * 5 + [0], [1] + [0] * 5])
+    inputs = {
+        "prompt_ids": torch.randint(0, vocab, (K, prompt_length)),
+        "prompt_mask": torch.ones(K, prompt_length, dtype=torch.long),
+        "completion_ids": torch.randint(0, vocab, (K, 6)),
+        "completion_mask": completion_mask,
+        "maxent_weights": torch.softmax(torch.randn(K, dtype=torch.float64), 0),
+    }
+
+    def weighted_log_likelihood() -> torch.Tensor:
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        logits = model(input_ids=ids).logits[:, prompt_length - 1 : -1]  # completion tokens
+        logps = torch.log_softmax(logits, -1).gather(-1, inputs["completion_ids"].unsqueeze(-1))
+        mean = (logps.squeeze(-1) * completion_mask).sum(-1) / completion_mask.sum(-1)
+        return (inputs["maxent_weights"] * mean).sum()
+
+    loss = trainer._compute_loss(model, inputs)
+    # Value: the weighted NLL (the trainer's fused log-softmax returns float32).
+    assert torch.isclose(loss, -weighted_log_likelihood(), rtol=1e-6)
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, params)
+
+    direction = [torch.randn_like(p) for p in params]
+    norm = torch.sqrt(sum((d * d).sum() for d in direction))
+    direction = [d / norm for d in direction]
+    h = 1e-5
+    with torch.no_grad():
+        values = []
+        for sign in (1, -1):
+            for p, d in zip(params, direction):
+                p.add_(sign * h * d)
+            values.append(weighted_log_likelihood().item())
+            for p, d in zip(params, direction):
+                p.sub_(sign * h * d)
+    finite_difference = (values[0] - values[1]) / (2 * h)
+    analytic = -sum((g * d).sum() for g, d in zip(grads, direction)).item()
+    print(
+        f"directional derivative: autograd {analytic:.10f}, finite differences "
+        f"{finite_difference:.10f}"
+    )
+    assert abs(analytic - finite_difference) <= 1e-4 * abs(finite_difference)
+    assert abs(analytic) > 1e-3  # a real check, not 0 == 0
+
+
+def test_controller_state_round_trip(trainer):
+    trainer.kl_controller.beta, trainer.tau_controller.tau = 0.1 / 3, 2 / 7
+    saved = json.loads(json.dumps(trainer.controller_state()))
+    trainer.kl_controller.beta, trainer.tau_controller.tau = 1.0, 1.0
+    trainer.load_controller_state(saved)
+    assert (trainer.kl_controller.beta, trainer.tau_controller.tau) == (0.1 / 3, 2 / 7)
+    assert trainer.beta == 0.1 / 3  # TRL's attribute follows the controller
+
+
+def test_resuming_a_checkpoint_without_controller_state_is_a_user_error(trainer, tmp_path):
+    from maxent_grpo.errors import UserError
+
+    with pytest.raises(UserError, match="not written by the MaxEnt trainer"):
+        trainer._load_optimizer_and_scheduler(str(tmp_path))
+
+
+# ---- training runs ----------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_maxent_raises_a_climbable_reward(tiny_model, tmp_path):
+    """30 steps on the fraction-of-digits reward: the mean reward must rise clearly."""
+    out = tmp_path / "out"
+    recipe = write_recipe(
+        tmp_path / "learn.yaml",
+        tiny_model,
+        out,
+        reward_funcs=[CLIMB_REWARD],
+        reward_weights=[1.0],
+        overlong_buffer=None,
+        num_generations=8,
+        per_device_train_batch_size=16,
+        max_completion_length=16,
+        maxent_q_temperature=0.1,
+        maxent_tau=0.5,
+        learning_rate=3.0e-3,
+        max_steps=30,
+        save_steps=30,
+    )
+    train(recipe)
+    logs = step_logs(out)
+    rewards = [logs[s]["reward"] for s in sorted(logs)]
+    before, after = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    print(f"mean reward: first 5 steps {before:.4f}, last 5 steps {after:.4f}")
+    assert after >= before + 0.05
+
+
+@pytest.mark.integration
+def test_resume_matches_an_uninterrupted_run(tiny_model, tmp_path):
+    """Stopped after step 3 (a complete checkpoint), resumed to step 6: the same logs as one run.
+
+    The recipe adapts both beta and tau, so this also checks that the controller state in the
+    checkpoint restores exactly.
+    """
+    steps = {"max_steps": 6, "save_steps": 3, "save_total_limit": None}
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(write_recipe(tmp_path / "full.yaml", tiny_model, full, **steps))
+    part_recipe = write_recipe(tmp_path / "part.yaml", tiny_model, part, **steps)
+    train(part_recipe, "--max_steps", "3")
+    assert last_complete_checkpoint(part) == part / "checkpoint-3"
+    (part / RUN_MARKER).unlink()  # as if the job had been stopped right after the checkpoint
+    train(part_recipe)
+
+    expected, resumed = step_logs(full), step_logs(part)
+    assert sorted(expected) == sorted(resumed) == [1, 2, 3, 4, 5, 6]
+    for step in (4, 5, 6):
+        a = {k: v for k, v in expected[step].items() if k not in UNSTABLE_KEYS}
+        b = {k: v for k, v in resumed[step].items() if k not in UNSTABLE_KEYS}
+        print(
+            f"step {step}: loss {a['loss']!r} vs {b['loss']!r}, beta {a['maxent/beta']!r} vs "
+            f"{b['maxent/beta']!r}, tau {a['maxent/tau']!r} vs {b['maxent/tau']!r}"
+        )
+        assert a == b, f"step {step} differs after resume"
+
+    saved = json.loads((part / "checkpoint-3" / "maxent_controller_state.json").read_text())
+    # The state after step 3 is what step 4 ran with, and it has moved from its start.
+    assert saved["kl"]["beta"] == expected[4]["maxent/beta"] != expected[1]["maxent/beta"]
+    assert saved["tau"]["tau"] == expected[4]["maxent/tau"] != expected[1]["maxent/tau"]
+
+
+@pytest.mark.integration
+def test_two_process_run_through_the_launcher(tiny_model, tmp_path):
+    """`maxent-grpo run` with 2 CPU processes; 2 completions per process, so every group of 4
+    spans both processes and the weights need the gathered rewards and log-likelihoods."""
+    out = tmp_path / "out"
+    cmd = [
+        str(Path(sys.executable).parent / "maxent-grpo"),
+        "run",
+        "--method",
+        "maxent",
+        "--config",
+        str(SMOKE_RECIPE),
+        "--run-name",
+        "maxent-two-proc",
+        "--logs-dir",
+        str(tmp_path / "logs"),
+        "--",
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        str(tiny_model),
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "2",
+        "--maxent_tau",
+        "1000",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 processes" in proc.stdout
+    assert (out / RUN_MARKER).is_file()
+    assert (out / "checkpoint-2" / "maxent_controller_state.json").is_file()
+    logs = step_logs(out)
+    for key in ("maxent/weight_entropy", "maxent/ess", "maxent/max_weight", "maxent/kl"):
+        assert key in logs[1] and key in logs[2]
+    # tau = 1000 makes the weights near-uniform over the whole group of 4 (ESS <= 2 if the
+    # processes had weighted their halves separately).
+    assert logs[1]["maxent/ess"] > 3.9
