@@ -332,6 +332,7 @@ def test_init_kl_coeff_sets_trls_beta():
         ({"maxent_target_weight_entropy": 2.0}, "maxent_target_weight_entropy"),
         ({"maxent_target_weight_entropy": 1.0, "maxent_tau_min": 2.0}, "maxent_tau"),
         ({"maxent_target_weight_entropy": 1.0, "maxent_tau_lr": 0.0}, "maxent_tau_lr"),
+        ({"sync_ref_model": True}, "sync_ref_model"),
         ({"loss_type": "grpo"}, "loss_type"),
         ({"scale_rewards": "batch"}, "scale_rewards"),
         ({"entropy_coef": 0.01}, "entropy_coef"),

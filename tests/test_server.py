@@ -1,4 +1,4 @@
-"""The vLLM server's lifecycle with stand-in processes (fast; real vLLM is in tests/vllm/).
+"""The vLLM server's lifecycle with stand-in processes (fast; real vLLM is in tests/vllm_server/).
 
 Real processes and real HTTP: a process that dies at start, one that answers 503 forever,
 one that accepts connections but never answers, one that sleeps; /health and /health/.

@@ -1,6 +1,6 @@
 """Weight-sync wiring (fast, no server): mode checks, the disk path, the timing metric.
 
-The real thing, against a real vLLM server, is in tests/vllm/.
+The real thing, against a real vLLM server, is in tests/vllm_server/.
 """
 
 from __future__ import annotations
