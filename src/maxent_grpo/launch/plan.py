@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 from maxent_grpo.errors import UserError
 
+# `python -m` target of the server command (vLLM's own CLI, in this venv's interpreter).
+VLLM_MODULE = "vllm.entrypoints.cli.main"
+
 
 class PlanError(UserError):
     """The allocation cannot run the recipe (e.g. too few GPUs)."""
@@ -254,7 +257,7 @@ def _server_plan(
     command = [
         python,
         "-m",
-        "vllm.entrypoints.cli.main",
+        VLLM_MODULE,
         "serve",
         req.model,
         "--host",

