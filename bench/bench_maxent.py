@@ -1,6 +1,6 @@
 """MaxEnt-GRPO step time relative to GRPO: same model, data, rewards, batch and reference model.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_maxent.py [--steps 25] [--warmup 5] [--rounds 2]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_maxent.py [--steps 25] [--warmup 5] [--rounds 3]
 
 Both methods train the tiny Qwen2 model with 2 CPU processes through the launcher; GRPO with
 beta > 0 and MaxEnt with init_kl_coeff = beta, so both run the same reference model. Every
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=25, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="steps dropped from each run")
-    parser.add_argument("--rounds", type=int, default=2, help="runs per method, alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per method, alternating")
     parser.add_argument("--processes", type=int, default=2, help="training processes")
     parser.add_argument("--output", type=Path, default=RESULTS, help="JSON results file")
     parser.add_argument(

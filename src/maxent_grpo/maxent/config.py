@@ -187,6 +187,11 @@ class MaxEntConfig(GRPOConfig):
                 f"coefficient is init_kl_coeff, used in the weights; set init_kl_coeff: "
                 f"{self.beta} and remove beta"
             )
+        if self.sync_ref_model and not self.init_kl_coeff > 0:
+            raise ConfigError(
+                "sync_ref_model: true needs a reference model; set init_kl_coeff > 0 or "
+                "remove sync_ref_model"
+            )
         if (self.kl_target is None) != (self.kl_horizon is None):
             missing = "kl_horizon" if self.kl_horizon is None else "kl_target"
             raise ConfigError(
