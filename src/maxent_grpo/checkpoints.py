@@ -212,9 +212,11 @@ def make_stop_callback(trainer):
             failpoint("step_begin", state.global_step + 1)
 
         def on_step_end(self, args, state, control, **kwargs):
-            seen = torch.tensor([float(stop_requested(args.output_dir))])
-            seen = trainer.accelerator.reduce(seen.to(trainer.accelerator.device), "sum")
-            if seen.item() > 0:
+            seen = stop_requested(args.output_dir)
+            if trainer.accelerator.num_processes > 1:
+                flag = torch.tensor([float(seen)], device=trainer.accelerator.device)
+                seen = trainer.accelerator.reduce(flag, "sum").item() > 0
+            if seen:
                 self.stopped = True
                 control.should_save = True
                 control.should_training_stop = True
