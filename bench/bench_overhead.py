@@ -1,0 +1,254 @@
+"""Toolkit overhead: src/grpo.py against a bare TRL GRPOTrainer script, same everything else.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_overhead.py [--steps 30] [--warmup 5]
+        [--repeats 3] [--processes 1,2]
+
+Both sides train the smoke recipe (recipes/smoke/config_grpo.yaml: the tiny Qwen2 model, the
+built-in arithmetic rows, the same prompt format, rewards, batch and seed; checkpoints every 10
+steps) for --steps optimizer steps: ours through src/grpo.py (recipe checks, guarded rewards,
+complete-checkpoint markers, the stop callback), the baseline through bench/bare_trl_grpo.py
+(plain trl.GRPOConfig / GRPOTrainer). One process runs as `python SCRIPT`, two through
+`accelerate launch` with the launcher's CPU flags. Both run under bench/steptimer.py, which
+records per-step wall-clock stamps, TRL's `step_time` metric and each process's peak RSS.
+
+Figures (the first --warmup steps of every run dropped, runs of the two sides alternating
+ABBA over --repeats rounds, medians pooled over rounds):
+- step_time ratio ours/bare: TRL's step_time (generation, rewards, forward, backward);
+- wall step ratio ours/bare: time between consecutive step ends, i.e. everything in the loop
+  (optimizer, callbacks, logging, and in the mean: checkpoint saves);
+- CPU step ratio ours/bare: the same interval in CPU time of the rank-0 process (all its
+  threads), which other processes on a loaded machine barely change: the robust figure when
+  the machine is busy;
+- peak RSS ratio ours/bare: peak RSS summed over the training processes.
+Both sides must generate exactly the same completions (checked on num_tokens).
+Target: step time ratio <= 1.03. Writes bench/results/overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from benchlib import (
+    BARE_SCRIPT,
+    PYTHON,
+    ROOT,
+    SMOKE_GRPO,
+    STEPTIMER,
+    accelerate_cpu_launch,
+    child_env,
+    figure,
+    free_port,
+    loadavg,
+    machine,
+    median,
+    print_figures,
+    write_result,
+)
+
+TARGET_RATIO = 1.03
+SCRIPTS = {"ours": ROOT / "src" / "grpo.py", "bare": BARE_SCRIPT}
+
+
+def write_recipe(workdir: Path, model: Path, steps: int) -> Path:
+    recipe = yaml.safe_load(SMOKE_GRPO.read_text())
+    recipe.update(model_name_or_path=str(model), max_steps=steps, logging_steps=1)
+    path = workdir / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def run_once(side: str, processes: int, recipe: Path, workdir: Path, tag: str) -> dict:
+    """One training run under the step timer; returns its per-rank records."""
+    out = workdir / f"out-{tag}"
+    timer_dir = workdir / f"timer-{tag}"
+    launch = [PYTHON] if processes == 1 else accelerate_cpu_launch(processes, free_port())
+    cmd = [*launch, str(STEPTIMER), str(SCRIPTS[side]), "--config", str(recipe)]
+    cmd += ["--output_dir", str(out)]
+    log = workdir / f"{tag}.log"
+    started = time.monotonic()
+    with open(log, "wb") as handle:
+        proc = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            env=child_env(STEPTIMER_OUT=str(timer_dir)),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            timeout=900,
+        )
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace")[-3000:]
+        sys.exit(f"{side} run ({processes} processes) failed with {proc.returncode}:\n{tail}")
+    ranks = [json.loads(p.read_text()) for p in sorted(timer_dir.glob("rank*.json"))]
+    if len(ranks) != processes:
+        sys.exit(f"{side} run: expected {processes} timer records, got {len(ranks)}")
+    shutil.rmtree(out, ignore_errors=True)
+    rank0 = json.loads((timer_dir / "rank0.json").read_text())
+    return {"wall_s": wall, "rank0": rank0, "peak_rss_kib": [r["peak_rss_kib"] for r in ranks]}
+
+
+def steady(record: dict, warmup: int) -> dict:
+    """Steady-state figures of one run: steps after the warm-up only."""
+    rank0 = record["rank0"]
+    step_times = [e["step_time"] for e in rank0["logs"] if e["step"] > warmup]
+    stamps = rank0["step_end"]
+    pairs = [(a, b) for a, b in zip(stamps, stamps[1:]) if b[0] > warmup]
+    return {
+        "step_time_s": step_times,
+        "wall_step_s": [b[1] - a[1] for a, b in pairs],
+        "cpu_step_s": [b[2] - a[2] for a, b in pairs],
+        "peak_rss_mib": sum(record["peak_rss_kib"]) / 1024,
+        "train_begin_s": rank0["train_begin"],
+        "num_tokens": [e["num_tokens"] for e in rank0["logs"]],
+        "wall_s": record["wall_s"],
+    }
+
+
+def compare(processes: int, args, recipe: Path, workdir: Path) -> dict:
+    runs: dict[str, list[dict]] = {"ours": [], "bare": []}
+    for round_ in range(args.repeats):
+        order = ("ours", "bare") if round_ % 2 == 0 else ("bare", "ours")
+        for side in order:
+            tag = f"{side}-{processes}p-{round_}"
+            result = steady(run_once(side, processes, recipe, workdir, tag), args.warmup)
+            runs[side].append(result)
+            print(
+                f"  {processes} proc, round {round_ + 1}/{args.repeats}, {side}: median "
+                f"step_time {median(result['step_time_s']):.4f} s, wall step "
+                f"{median(result['wall_step_s']):.4f} s, CPU step "
+                f"{median(result['cpu_step_s']):.4f} s, peak RSS "
+                f"{result['peak_rss_mib']:.0f} MiB (load {loadavg()[0]})",
+                flush=True,
+            )
+
+    def pooled(side: str, key: str) -> list[float]:
+        return [v for run in runs[side] for v in run[key]]
+
+    summary: dict = {"processes": processes, "runs": runs}
+    for key in ("step_time_s", "wall_step_s", "cpu_step_s"):
+        ours, bare = pooled("ours", key), pooled("bare", key)
+        summary[key] = {
+            "median": {"ours": median(ours), "bare": median(bare)},
+            "mean": {"ours": statistics.fmean(ours), "bare": statistics.fmean(bare)},
+            "ratio_of_medians": median(ours) / median(bare),
+            "ratio_of_means": statistics.fmean(ours) / statistics.fmean(bare),
+            "round_ratios": [
+                median(o[key]) / median(b[key]) for o, b in zip(runs["ours"], runs["bare"])
+            ],
+        }
+    rss = {side: median([r["peak_rss_mib"] for r in runs[side]]) for side in runs}
+    summary["peak_rss_mib"] = {**rss, "ratio": rss["ours"] / rss["bare"]}
+    summary["train_begin_s"] = {
+        side: median([r["train_begin_s"] for r in runs[side]]) for side in runs
+    }
+    tokens = {json.dumps(r["num_tokens"]) for side in runs for r in runs[side]}
+    summary["same_completions"] = len(tokens) == 1
+    return summary
+
+
+def figures_for(s: dict) -> list[dict]:
+    n = s["processes"]
+    st, ws, cs = s["step_time_s"], s["wall_step_s"], s["cpu_step_s"]
+    same = "" if s["same_completions"] else "WARNING: completions differ between runs"
+    rounds = ", ".join(f"{r:.3f}" for r in st["round_ratios"])
+    return [
+        figure(
+            f"overhead {n}p: step_time ratio ours/bare",
+            st["ratio_of_medians"],
+            "x",
+            TARGET_RATIO,
+            note=f"ours {st['median']['ours']:.4f} s, bare {st['median']['bare']:.4f} s; "
+            f"rounds {rounds}{'; ' + same if same else ''}",
+        ),
+        figure(
+            f"overhead {n}p: wall step ratio ours/bare (median)",
+            ws["ratio_of_medians"],
+            "x",
+            TARGET_RATIO,
+            note=f"ours {ws['median']['ours']:.4f} s, bare {ws['median']['bare']:.4f} s",
+        ),
+        figure(
+            f"overhead {n}p: CPU time per step ratio ours/bare (load-robust)",
+            cs["ratio_of_medians"],
+            "x",
+            TARGET_RATIO,
+            note=f"rank 0 process CPU time: ours {cs['median']['ours']:.4f} s, bare "
+            f"{cs['median']['bare']:.4f} s",
+        ),
+        figure(
+            f"overhead {n}p: wall step ratio ours/bare (mean, incl. checkpoint saves)",
+            ws["ratio_of_means"],
+            "x",
+            is_ratio=True,
+            note=f"ours {ws['mean']['ours']:.4f} s, bare {ws['mean']['bare']:.4f} s",
+        ),
+        figure(
+            f"overhead {n}p: peak RSS ratio ours/bare",
+            s["peak_rss_mib"]["ratio"],
+            "x",
+            is_ratio=True,
+            note=f"ours {s['peak_rss_mib']['ours']:.0f} MiB, bare "
+            f"{s['peak_rss_mib']['bare']:.0f} MiB (sum over {n} process(es))",
+        ),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=5, help="steps dropped from each run")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds (one run per side each)")
+    parser.add_argument("--processes", default="1,2", help="process counts, e.g. 1,2")
+    parser.add_argument("--output", type=Path, default=None, help="JSON results file")
+    args = parser.parse_args(argv)
+    if args.steps <= args.warmup + 1:
+        parser.error("--steps must exceed --warmup + 1")
+
+    from maxent_grpo.tiny_model import build_tiny_model
+
+    load_before = loadavg()
+    started = time.monotonic()
+    summaries = []
+    figures = []
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+        workdir = Path(tmp)
+        model = build_tiny_model(workdir / "tiny-qwen2")
+        recipe = write_recipe(workdir, model, args.steps)
+        for processes in (int(p) for p in args.processes.split(",")):
+            print(f"toolkit overhead, {processes} process(es): src/grpo.py vs bare TRL", flush=True)
+            summary = compare(processes, args, recipe, workdir)
+            summaries.append(summary)
+            figures += figures_for(summary)
+            print_figures(figures_for(summary))
+    write_result(
+        "overhead",
+        {
+            "figures": figures,
+            "comparisons": summaries,
+            "load_average": {"before": load_before, "after": loadavg()},
+            "settings": {
+                "recipe": "recipes/smoke/config_grpo.yaml",
+                "steps": args.steps,
+                "warmup_dropped": args.warmup,
+                "repeats": args.repeats,
+                "order": "ABBA (ours first in even rounds)",
+            },
+            "machine": machine(),
+            "wall_s": time.monotonic() - started,
+        },
+        args.output,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

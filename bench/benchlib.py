@@ -1,0 +1,232 @@
+"""Shared helpers of the bench/ scripts: environment, timestamped child processes, results.
+
+Every benchmark writes bench/results/<name>.json with the same top-level shape, which
+bench/run_all.py reads to print its summary table:
+
+    {"name": ..., "figures": [{"name", "value", "unit", "target", "ratio", "met", "note"}],
+     "load_average": {"before": [...], "after": [...]}, "machine": {...}, ...}
+
+`ratio` is value / target for a figure that has a target (met when <= 1), and the A/B ratio
+itself for a figure that is a ratio; `met` is None for figures without a target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "bench" / "results"
+PYTHON = sys.executable
+BIN = Path(PYTHON).parent
+STEPTIMER = ROOT / "bench" / "steptimer.py"
+BARE_SCRIPT = ROOT / "bench" / "bare_trl_grpo.py"
+SMOKE_GRPO = ROOT / "recipes" / "smoke" / "config_grpo.yaml"
+SMOKE_VLLM = ROOT / "recipes" / "smoke" / "config_grpo_vllm.yaml"
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine() -> dict:
+    return {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """One OpenMP thread, CPU only, no hub, no W&B, unbuffered output (as the launcher)."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def accelerate_cpu_launch(processes: int, port: int) -> list[str]:
+    """`accelerate launch` exactly as the launcher plans it for CPU training (plan._cpu_plan)."""
+    cmd = [PYTHON, "-m", "accelerate.commands.launch"]
+    if processes > 1:
+        cmd.append("--multi_gpu")
+    return cmd + [
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(port),
+    ]
+
+
+@dataclass
+class TimedRun:
+    """A finished child: exit code, wall time and its output lines with arrival times (s)."""
+
+    returncode: int
+    wall_s: float
+    lines: list[tuple[float, str]] = field(default_factory=list)
+
+    def first(self, needle: str) -> float | None:
+        """Arrival time (s after start) of the first line containing `needle`."""
+        for t, line in self.lines:
+            if needle in line:
+                return t
+        return None
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(line for _, line in self.lines[-n:])
+
+
+def run_timestamped(
+    cmd: Sequence[str],
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+    timeout: float = 600,
+    stop_when: Callable[[str], bool] | None = None,
+) -> TimedRun:
+    """Run cmd (own process group), stamping every output line as it arrives.
+
+    stop_when(line): once true, the whole process group gets SIGKILL (the run's figure is
+    taken; what follows is not measured).
+    """
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        list(cmd),
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    lines: list[tuple[float, str]] = []
+    done = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            now = time.monotonic() - start
+            for part in raw.decode(errors="replace").replace("\r", "\n").splitlines():
+                if part.strip():
+                    lines.append((now, part))
+                    if stop_when is not None and not done.is_set() and stop_when(part):
+                        done.set()
+                        kill_group(proc.pid)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        proc.wait()
+    reader.join(timeout=10)
+    return TimedRun(proc.returncode, time.monotonic() - start, lines)
+
+
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def figure(
+    name: str,
+    value: float | None,
+    unit: str,
+    target: float | None = None,
+    is_ratio: bool = False,
+    note: str = "",
+) -> dict:
+    """One reported figure. With a target, ratio = value / target (met when <= 1)."""
+    ratio = None
+    met = None
+    if value is not None and target is not None:
+        ratio = value / target if target else None
+        met = value <= target
+    elif value is not None and is_ratio:
+        ratio = value
+    return {
+        "name": name,
+        "value": value,
+        "unit": unit,
+        "target": target,
+        "ratio": ratio,
+        "met": met,
+        "note": note,
+    }
+
+
+def verdict(fig: dict) -> str:
+    if fig["met"] is None:
+        return "" if fig["value"] is not None else "n/a"
+    return "met" if fig["met"] else "MISSED"
+
+
+def format_figure(fig: dict) -> str:
+    value = fig["value"]
+    if value is None:
+        shown = "n/a"
+    elif fig["unit"] == "x":
+        shown = f"{value:.3f}x"
+    elif abs(value) >= 100:
+        shown = f"{value:,.0f} {fig['unit']}"
+    else:
+        shown = f"{value:.3f} {fig['unit']}"
+    text = f"{fig['name']}: {shown}"
+    if fig["target"] is not None:
+        target = f"{fig['target']:g}{'x' if fig['unit'] == 'x' else ' ' + fig['unit']}"
+        ratio = "n/a" if fig["ratio"] is None else f"{fig['ratio']:.3f}"
+        text += f" (target <= {target}; value/target {ratio}: {verdict(fig)})"
+    if fig.get("note"):
+        text += f"  [{fig['note']}]"
+    return text
+
+
+def print_figures(figures: list[dict]) -> None:
+    for fig in figures:
+        print("  " + format_figure(fig), flush=True)
+
+
+def write_result(name: str, payload: dict, output: Path | None = None) -> Path:
+    path = output or RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"name": name, **payload}, indent=2) + "\n")
+    print(f"results: {path}", flush=True)
+    return path
