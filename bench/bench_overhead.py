@@ -1,7 +1,7 @@
 """Toolkit overhead: src/grpo.py against a bare TRL GRPOTrainer script, same everything else.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_overhead.py [--steps 30] [--warmup 5]
-        [--repeats 3] [--processes 1,2]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_overhead.py [--steps 40] [--warmup 5]
+        [--repeats 3 | --repeats 4,2] [--processes 1,2]
 
 Both sides train the smoke recipe (recipes/smoke/config_grpo.yaml: the tiny Qwen2 model, the
 built-in arithmetic rows, the same prompt format, rewards, batch and seed; checkpoints every 10
@@ -20,6 +20,7 @@ ABBA over --repeats rounds, medians pooled over rounds):
   threads), which other processes on a loaded machine barely change: the robust figure when
   the machine is busy;
 - peak RSS ratio ours/bare: peak RSS summed over the training processes.
+- checkpoint save: the interval that holds a save minus a plain interval, ours - bare.
 Both sides must generate exactly the same completions (checked on num_tokens).
 Target: step time ratio <= 1.03. Writes bench/results/overhead.json.
 """
@@ -96,15 +97,23 @@ def run_once(side: str, processes: int, recipe: Path, workdir: Path, tag: str) -
     return {"wall_s": wall, "rank0": rank0, "peak_rss_kib": [r["peak_rss_kib"] for r in ranks]}
 
 
-def steady(record: dict, warmup: int) -> dict:
-    """Steady-state figures of one run: steps after the warm-up only."""
+def steady(record: dict, warmup: int, save_steps: int) -> dict:
+    """Steady-state figures of one run: steps after the warm-up only.
+
+    A checkpoint of step s is saved after step s ends, so it lands in the interval that ends
+    with step s + 1: its cost is that interval minus the median interval without a save.
+    """
     rank0 = record["rank0"]
     step_times = [e["step_time"] for e in rank0["logs"] if e["step"] > warmup]
     stamps = rank0["step_end"]
     pairs = [(a, b) for a, b in zip(stamps, stamps[1:]) if b[0] > warmup]
+    walls = [b[1] - a[1] for a, b in pairs]
+    saves = [b[1] - a[1] for a, b in zip(stamps, stamps[1:]) if a[0] % save_steps == 0]
+    plain = median([b[1] - a[1] for a, b in pairs if a[0] % save_steps]) or 0.0
     return {
         "step_time_s": step_times,
-        "wall_step_s": [b[1] - a[1] for a, b in pairs],
+        "wall_step_s": walls,
+        "save_s": [interval - plain for interval in saves],
         "cpu_step_s": [b[2] - a[2] for a, b in pairs],
         "peak_rss_mib": sum(record["peak_rss_kib"]) / 1024,
         "train_begin_s": rank0["train_begin"],
@@ -113,16 +122,18 @@ def steady(record: dict, warmup: int) -> dict:
     }
 
 
-def compare(processes: int, args, recipe: Path, workdir: Path) -> dict:
+def compare(processes: int, repeats: int, warmup: int, recipe: Path, workdir: Path) -> dict:
+    save_steps = yaml.safe_load(recipe.read_text())["save_steps"]
     runs: dict[str, list[dict]] = {"ours": [], "bare": []}
-    for round_ in range(args.repeats):
+    for round_ in range(repeats):
         order = ("ours", "bare") if round_ % 2 == 0 else ("bare", "ours")
         for side in order:
             tag = f"{side}-{processes}p-{round_}"
-            result = steady(run_once(side, processes, recipe, workdir, tag), args.warmup)
+            record = run_once(side, processes, recipe, workdir, tag)
+            result = steady(record, warmup, save_steps)
             runs[side].append(result)
             print(
-                f"  {processes} proc, round {round_ + 1}/{args.repeats}, {side}: median "
+                f"  {processes} proc, round {round_ + 1}/{repeats}, {side}: median "
                 f"step_time {median(result['step_time_s']):.4f} s, wall step "
                 f"{median(result['wall_step_s']):.4f} s, CPU step "
                 f"{median(result['cpu_step_s']):.4f} s, peak RSS "
@@ -145,6 +156,8 @@ def compare(processes: int, args, recipe: Path, workdir: Path) -> dict:
                 median(o[key]) / median(b[key]) for o, b in zip(runs["ours"], runs["bare"])
             ],
         }
+    saves = {side: median(pooled(side, "save_s")) for side in runs}
+    summary["checkpoint_save_s"] = {**saves, "extra": saves["ours"] - saves["bare"]}
     rss = {side: median([r["peak_rss_mib"] for r in runs[side]]) for side in runs}
     summary["peak_rss_mib"] = {**rss, "ratio": rss["ours"] / rss["bare"]}
     summary["train_begin_s"] = {
@@ -192,6 +205,13 @@ def figures_for(s: dict) -> list[dict]:
             note=f"ours {ws['mean']['ours']:.4f} s, bare {ws['mean']['bare']:.4f} s",
         ),
         figure(
+            f"overhead {n}p: checkpoint save, extra time of ours",
+            s["checkpoint_save_s"]["extra"],
+            "s",
+            note=f"per save: ours {s['checkpoint_save_s']['ours']:.3f} s (fsync of every file, "
+            f"marker, rotation), bare {s['checkpoint_save_s']['bare']:.3f} s",
+        ),
+        figure(
             f"overhead {n}p: peak RSS ratio ours/bare",
             s["peak_rss_mib"]["ratio"],
             "x",
@@ -204,9 +224,13 @@ def figures_for(s: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="steps dropped from each run")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds (one run per side each)")
+    parser.add_argument(
+        "--repeats",
+        default="3",
+        help="rounds (one run per side each); one number, or one per --processes entry (4,2)",
+    )
     parser.add_argument("--processes", default="1,2", help="process counts, e.g. 1,2")
     parser.add_argument("--output", type=Path, default=None, help="JSON results file")
     args = parser.parse_args(argv)
@@ -223,9 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         model = build_tiny_model(workdir / "tiny-qwen2")
         recipe = write_recipe(workdir, model, args.steps)
-        for processes in (int(p) for p in args.processes.split(",")):
+        counts = [int(p) for p in args.processes.split(",")]
+        repeats = [int(r) for r in args.repeats.split(",")]
+        repeats += [repeats[-1]] * (len(counts) - len(repeats))
+        for processes, rounds in zip(counts, repeats):
             print(f"toolkit overhead, {processes} process(es): src/grpo.py vs bare TRL", flush=True)
-            summary = compare(processes, args, recipe, workdir)
+            summary = compare(processes, rounds, args.warmup, recipe, workdir)
             summaries.append(summary)
             figures += figures_for(summary)
             print_figures(figures_for(summary))
@@ -239,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                 "recipe": "recipes/smoke/config_grpo.yaml",
                 "steps": args.steps,
                 "warmup_dropped": args.warmup,
-                "repeats": args.repeats,
+                "repeats": repeats,
                 "order": "ABBA (ours first in even rounds)",
             },
             "machine": machine(),

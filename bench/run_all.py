@@ -39,8 +39,8 @@ from benchlib import (
 BENCH = ROOT / "bench"
 # name -> (script, arguments, results file). Sized for ~15 minutes on a 2-core CPU VM.
 BENCHMARKS = {
-    "overhead": ("bench_overhead.py", ["--steps", "30", "--repeats", "3"], "overhead.json"),
-    "maxent": ("bench_maxent.py", [], "maxent_vs_grpo.json"),
+    "overhead": ("bench_overhead.py", ["--steps", "30", "--repeats", "4,3"], "overhead.json"),
+    "maxent": ("bench_maxent.py", ["--rounds", "2"], "maxent_vs_grpo.json"),
     "rewards": ("bench_rewards.py", [], "rewards.json"),
     "launcher": ("bench_launcher.py", ["--repeats", "3"], "launcher.json"),
     "requeue": ("bench_requeue.py", [], "requeue.json"),
@@ -52,7 +52,7 @@ def maxent_figures(result: dict) -> list[dict]:
     """bench_maxent.py writes its own format: turn it into figures."""
     medians = result.get("median_step_s", {})
     target = result.get("target", MAXENT_TARGET)
-    return [
+    figures = [
         figure(
             "maxent: step time ratio MaxEnt/GRPO (same reference model)",
             result["ratio_maxent_over_grpo"],
@@ -68,6 +68,20 @@ def maxent_figures(result: dict) -> list[dict]:
             note="rounds " + ", ".join(f"{r:.3f}" for r in result.get("round_ratios", [])),
         ),
     ]
+    components = result.get("components") or {}
+    if "loss_backward_ratio" in components:
+        figures.append(
+            figure(
+                "maxent: in-process loss+backward ratio MaxEnt/GRPO",
+                components["loss_backward_ratio"],
+                "x",
+                is_ratio=True,
+                note=f"MaxEnt {components.get('maxent_loss_backward_ms', 0):.2f} ms, GRPO "
+                f"{components.get('grpo_loss_backward_ms', 0):.2f} ms; weights "
+                f"{components.get('weights_per_generation_batch_ms', 0):.2f} ms per batch",
+            )
+        )
+    return figures
 
 
 def run_benchmark(name: str) -> dict:
