@@ -20,7 +20,13 @@ ABBA over --repeats rounds, medians pooled over rounds):
   threads), which other processes on a loaded machine barely change: the robust figure when
   the machine is busy;
 - peak RSS ratio ours/bare: peak RSS summed over the training processes.
-- checkpoint save: the interval that holds a save minus a plain interval, ours - bare.
+- accounted ratio: (bare's median step + what ours adds per step) / bare's step, with the
+  additions timed inside the processes (steptimer): the stop-request callback's on_step_end
+  (a file check and an all-reduce), the reward guard around the reward functions, and the
+  extra time of our checkpoint save (fsync of every file, marker, rotation) / save_steps.
+  Far less exposed to other processes' load than the A/B ratios; it does not see costs
+  outside these three parts (the A/B ratios do);
+- checkpoint save: median duration of a save, ours - bare.
 Both sides must generate exactly the same completions (checked on num_tokens).
 Target: step time ratio <= 1.03. Writes bench/results/overhead.json.
 """
@@ -97,23 +103,20 @@ def run_once(side: str, processes: int, recipe: Path, workdir: Path, tag: str) -
     return {"wall_s": wall, "rank0": rank0, "peak_rss_kib": [r["peak_rss_kib"] for r in ranks]}
 
 
-def steady(record: dict, warmup: int, save_steps: int) -> dict:
-    """Steady-state figures of one run: steps after the warm-up only.
-
-    A checkpoint of step s is saved after step s ends, so it lands in the interval that ends
-    with step s + 1: its cost is that interval minus the median interval without a save.
-    """
+def steady(record: dict, warmup: int) -> dict:
+    """Steady-state figures of one run: steps after the warm-up only."""
     rank0 = record["rank0"]
     step_times = [e["step_time"] for e in rank0["logs"] if e["step"] > warmup]
     stamps = rank0["step_end"]
     pairs = [(a, b) for a, b in zip(stamps, stamps[1:]) if b[0] > warmup]
-    walls = [b[1] - a[1] for a, b in pairs]
-    saves = [b[1] - a[1] for a, b in zip(stamps, stamps[1:]) if a[0] % save_steps == 0]
-    plain = median([b[1] - a[1] for a, b in pairs if a[0] % save_steps]) or 0.0
+    steps = len(stamps) or 1
     return {
         "step_time_s": step_times,
-        "wall_step_s": walls,
-        "save_s": [interval - plain for interval in saves],
+        "wall_step_s": [b[1] - a[1] for a, b in pairs],
+        # Timed in the process itself (steptimer): what ours adds to a step, part by part.
+        "save_s": rank0.get("save_s", []),
+        "stop_callback_s": rank0.get("callback_s", {}).get("StopOnRequest", []),
+        "guard_per_step_s": [sum(rank0.get("guard_overhead_s", [])) / steps],
         "cpu_step_s": [b[2] - a[2] for a, b in pairs],
         "peak_rss_mib": sum(record["peak_rss_kib"]) / 1024,
         "train_begin_s": rank0["train_begin"],
@@ -130,7 +133,7 @@ def compare(processes: int, repeats: int, warmup: int, recipe: Path, workdir: Pa
         for side in order:
             tag = f"{side}-{processes}p-{round_}"
             record = run_once(side, processes, recipe, workdir, tag)
-            result = steady(record, warmup, save_steps)
+            result = steady(record, warmup)
             runs[side].append(result)
             print(
                 f"  {processes} proc, round {round_ + 1}/{repeats}, {side}: median "
@@ -156,8 +159,22 @@ def compare(processes: int, repeats: int, warmup: int, recipe: Path, workdir: Pa
                 median(o[key]) / median(b[key]) for o, b in zip(runs["ours"], runs["bare"])
             ],
         }
-    saves = {side: median(pooled(side, "save_s")) for side in runs}
+    saves = {side: median(pooled(side, "save_s")) or 0.0 for side in runs}
     summary["checkpoint_save_s"] = {**saves, "extra": saves["ours"] - saves["bare"]}
+    # What ours adds per step, timed in-process: load noise barely touches these parts.
+    added = {
+        "stop_callback_s": median(pooled("ours", "stop_callback_s")) or 0.0,
+        "reward_guard_s": median(pooled("ours", "guard_per_step_s")) or 0.0,
+        "checkpoint_save_s": summary["checkpoint_save_s"]["extra"] / save_steps,
+    }
+    base = summary["wall_step_s"]["median"]["bare"]
+    summary["accounted"] = {
+        "added_per_step_s": added,
+        "total_added_s": sum(added.values()),
+        "bare_wall_step_s": base,
+        "ratio": (base + sum(added.values())) / base,
+        "save_steps": save_steps,
+    }
     rss = {side: median([r["peak_rss_mib"] for r in runs[side]]) for side in runs}
     summary["peak_rss_mib"] = {**rss, "ratio": rss["ours"] / rss["bare"]}
     summary["train_begin_s"] = {
@@ -171,6 +188,8 @@ def compare(processes: int, repeats: int, warmup: int, recipe: Path, workdir: Pa
 def figures_for(s: dict) -> list[dict]:
     n = s["processes"]
     st, ws, cs = s["step_time_s"], s["wall_step_s"], s["cpu_step_s"]
+    acc = s["accounted"]
+    parts = acc["added_per_step_s"]
     same = "" if s["same_completions"] else "WARNING: completions differ between runs"
     rounds = ", ".join(f"{r:.3f}" for r in st["round_ratios"])
     return [
@@ -203,6 +222,17 @@ def figures_for(s: dict) -> list[dict]:
             "x",
             is_ratio=True,
             note=f"ours {ws['mean']['ours']:.4f} s, bare {ws['mean']['bare']:.4f} s",
+        ),
+        figure(
+            f"overhead {n}p: accounted ratio (bare step + what ours adds, timed in-process)",
+            acc["ratio"],
+            "x",
+            TARGET_RATIO,
+            note=f"+{1e3 * acc['total_added_s']:.2f} ms on a {1e3 * acc['bare_wall_step_s']:.1f} "
+            f"ms step: stop callback {1e3 * parts['stop_callback_s']:.2f} ms, reward guard "
+            f"{1e3 * parts['reward_guard_s']:.3f} ms, checkpoint save "
+            f"{1e3 * parts['checkpoint_save_s']:.2f} ms per step (save_steps "
+            f"{acc['save_steps']})",
         ),
         figure(
             f"overhead {n}p: checkpoint save, extra time of ours",

@@ -7,8 +7,11 @@ The same wrapper runs our entry point (src/grpo.py) and the bare TRL script, so 
 same instrumentation: every transformers Trainer built in the process gets one extra
 TrainerCallback that stamps `on_step_end` (wall clock: time.monotonic; CPU time of the process,
 all threads: time.process_time) and keeps the `step_time` and
-`num_tokens` of each log. At exit, each process writes $STEPTIMER_OUT/rank<RANK>.json with the
-stamps, the logs and its peak RSS (getrusage ru_maxrss). Nothing of the script is changed.
+`num_tokens` of each log. It also times, without changing what they do: every checkpoint save
+(`Trainer._save_checkpoint`, ours or HF's), the `on_step_end` of callbacks added after the
+trainer was built (ours: the stop-request callback), and the time GuardedReward spends around
+the reward function itself. At exit, each process writes $STEPTIMER_OUT/rank<RANK>.json with
+all of it and its peak RSS (getrusage ru_maxrss).
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ import time
 from pathlib import Path
 
 _START = time.monotonic()
-_RECORD: dict = {"step_end": [], "logs": [], "train_begin": None}
+_RECORD: dict = {
+    "step_end": [],
+    "logs": [],
+    "train_begin": None,
+    "save_s": [],
+    "callback_s": {},
+    "guard_overhead_s": [],
+}
 
 
 def _write() -> None:
@@ -67,8 +77,62 @@ def _install() -> None:
     def init_with_timer(self, *args, **kwargs):
         original(self, *args, **kwargs)
         self.add_callback(StepTimer())
+        _time_saves(self)
+        _time_later_callbacks(self)
 
     transformers.Trainer.__init__ = init_with_timer
+    _time_reward_guard()
+
+
+def _timed(func, sink: list):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            sink.append(time.perf_counter() - start)
+
+    return wrapper
+
+
+def _time_saves(trainer) -> None:
+    """Duration of every checkpoint save (HF's, or ours with fsync, marker and rotation)."""
+    trainer._save_checkpoint = _timed(trainer._save_checkpoint, _RECORD["save_s"])
+
+
+def _time_later_callbacks(trainer) -> None:
+    """on_step_end of callbacks added after the trainer was built (ours: the stop callback)."""
+    add = trainer.add_callback
+
+    def add_timed(callback):
+        if not isinstance(callback, type) and hasattr(callback, "on_step_end"):
+            sink = _RECORD["callback_s"].setdefault(type(callback).__name__, [])
+            callback.on_step_end = _timed(callback.on_step_end, sink)
+        return add(callback)
+
+    trainer.add_callback = add_timed
+
+
+def _time_reward_guard() -> None:
+    """Time spent in GuardedReward around the reward function itself (ours only)."""
+    try:
+        from maxent_grpo.rewards import GuardedReward
+    except ImportError:
+        return
+    call = GuardedReward.__call__
+
+    def timed_call(self, completions, **kwargs):
+        inner: list[float] = []
+        func = self.func
+        self.func = _timed(func, inner)
+        start = time.perf_counter()
+        try:
+            return call(self, completions, **kwargs)
+        finally:
+            self.func = func
+            _RECORD["guard_overhead_s"].append(time.perf_counter() - start - sum(inner))
+
+    GuardedReward.__call__ = timed_call
 
 
 def main() -> None:
