@@ -36,7 +36,7 @@ docs:
 	MAXENT_GRPO_EXTRAS=docs bash scripts/setup_env.sh
 	$(BIN)/python -m sphinx -W --keep-going -n -b html docs docs/_build/html
 
-# Benchmarks (~15 min on a 2-core VM): figures in bench/results/; BENCH_ARGS="--only overhead"
+# Benchmarks (12-16 min on a 2-core VM): figures in bench/results/; BENCH_ARGS="--only overhead"
 bench:
 	OMP_NUM_THREADS=1 $(BIN)/python bench/run_all.py $(BENCH_ARGS)
 

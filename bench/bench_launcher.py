@@ -15,7 +15,7 @@
    measured in fresh interpreters, and minus step 1's own step_time.
 3. Our part, phase by phase: bench/launcher_phases.py in a fresh interpreter, plus
    `bash scripts/setup_env.sh` (the fast path training.sh takes) and interpreter start.
-4. vLLM (only when vllm is importable in the venv): the CPU server recipe
+4. vLLM (only when the venv has vllm, found as the launcher looks for it): the CPU server recipe
    (recipes/smoke/config_grpo_vllm.yaml, --vllm-steps steps) through training.sh: the
    launcher's "healthy after Xs", the per-step `vllm/weight_sync_seconds` from
    trainer_state.json, and how long the trainers take to start after the server is healthy

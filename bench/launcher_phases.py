@@ -74,8 +74,8 @@ def main() -> None:
     t = time.perf_counter()
     child = Child("probe", [sys.executable, "-c", "pass"], logs_dir / "probe.log")
     phases["process start (Child Popen)"] = time.perf_counter() - t
+    launcher_total = time.perf_counter() - _T0  # the launcher's part ends with the Popen
     child.wait()
-    launcher_total = time.perf_counter() - _T0
 
     # Trainer side, on every rank: our parse + checks, against a bare script's config build.
     os.environ[configs.PLANNED_WORLD_SIZE_ENV] = str(plan.train.num_processes)

@@ -132,7 +132,8 @@ def print_summary(entries: list[dict], wall_s: float) -> None:
                 shown = f"{value:,.3f} {unit}" if abs(value) < 100 else f"{value:,.0f} {unit}"
             target = "-" if fig["target"] is None else f"<= {fig['target']:g}"
             ratio = "-" if fig["ratio"] is None else f"{fig['ratio']:.3f}"
-            rows.append((entry["name"], fig["name"], shown, target, ratio, verdict(fig)))
+            why = verdict(fig) if value is not None else (fig["note"] or "n/a")
+            rows.append((entry["name"], fig["name"], shown, target, ratio, why))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
