@@ -66,7 +66,7 @@ TINY_MODEL = ".cache/models/tiny-qwen2"  # the launcher's default: it checks and
 IMPORT_AND_LOAD = """
 import json, sys, time
 t0 = time.perf_counter()
-import trl, transformers, maxent_grpo.train
+import trl, transformers, maxent_grpo.train.entry
 t1 = time.perf_counter()
 from trl import GRPOConfig, GRPOTrainer
 t2 = time.perf_counter()

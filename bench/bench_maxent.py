@@ -31,8 +31,8 @@ from pathlib import Path
 
 import yaml
 
-from maxent_grpo.checkpoints import last_complete_checkpoint
 from maxent_grpo.tiny_model import build_tiny_model
+from maxent_grpo.train.checkpoints import last_complete_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "maxent_vs_grpo.json"

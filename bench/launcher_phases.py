@@ -79,7 +79,7 @@ def main() -> None:
 
     # Trainer side, on every rank: our parse + checks, against a bare script's config build.
     os.environ[configs.PLANNED_WORLD_SIZE_ENV] = str(plan.train.num_processes)
-    from maxent_grpo.train import parse_and_check
+    from maxent_grpo.train.entry import parse_and_check
 
     t = time.perf_counter()
     parse_and_check(["--config", recipe])

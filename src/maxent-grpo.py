@@ -7,7 +7,7 @@ import sys
 
 from maxent_grpo.maxent import maxent_trainer_class
 from maxent_grpo.maxent.config import MAXENT_TYPES
-from maxent_grpo.train import cli_main
+from maxent_grpo.train.entry import cli_main
 
 if __name__ == "__main__":
     sys.exit(

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from maxent_grpo.checkpoints import (
+from maxent_grpo.train.checkpoints import (
     CHECKPOINT_MARKER,
     Checkpoint,
     checkpoints_to_delete,

@@ -213,7 +213,7 @@ def test_nccl_sync_wiring_stand_in_no_cuda():
     """
     from maxent_grpo.configs import parse_recipe
     from maxent_grpo.errors import UserError
-    from maxent_grpo.vllm_sync import check_weight_sync
+    from maxent_grpo.train.vllm_sync import check_weight_sync
 
     plan = make_plan(env(8), SERVER, PORTS)
     assert plan.server.weight_sync == "nccl"

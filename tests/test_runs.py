@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from helpers.runs import PYTHON, REPO, child_env, log_history, run, write_recipe
-from maxent_grpo.checkpoints import CHECKPOINT_MARKER, RUN_MARKER, STOP_REQUEST, request_stop
 from maxent_grpo.runs import (
     KILLED,
     collect_runs,
@@ -30,6 +29,7 @@ from maxent_grpo.runs import (
     summarize_log,
     summarize_trainer_state,
 )
+from maxent_grpo.train.checkpoints import CHECKPOINT_MARKER, RUN_MARKER, STOP_REQUEST, request_stop
 
 SMOKE = REPO / "recipes" / "smoke" / "config_grpo.yaml"
 SMOKE_MAXENT = REPO / "recipes" / "smoke" / "config_maxent.yaml"
@@ -488,7 +488,7 @@ def test_runs_cli_table_and_json(tmp_path, capsys):
 
 
 def test_plot_csv_holds_the_logged_values_exactly_and_png_is_valid(tmp_path):
-    from maxent_grpo.plot import plot_run
+    from maxent_grpo.runs.plot import plot_run
 
     out = tmp_path / "outputs" / "m"
     out.mkdir(parents=True)
@@ -784,7 +784,7 @@ def test_plot_of_a_real_run(real_runs):
         for key in header:
             assert float(row[key]) == entry[key], (row["step"], key)
 
-    from maxent_grpo.plot import resume_points
+    from maxent_grpo.runs.plot import resume_points
 
     stopped = real_runs.snapshots["resumed-stopped"]["resumed"]
     step = int(stopped.checkpoint.split("-")[1])
@@ -813,7 +813,7 @@ def test_maxent_run_is_named_and_plotted(tmp_path, tiny_model):
 
 def test_plot_says_what_is_missing(tmp_path):
     from maxent_grpo.errors import UserError
-    from maxent_grpo.plot import plot_run
+    from maxent_grpo.runs.plot import plot_run
 
     with pytest.raises(UserError, match="no such run"):
         plot_run("nope", outputs=tmp_path)

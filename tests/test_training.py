@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from helpers.runs import PYTHON, REPO, run, step_logs, write_recipe
-from maxent_grpo.checkpoints import (
+from maxent_grpo.train.checkpoints import (
     CHECKPOINT_MARKER,
     last_complete_checkpoint,
     run_is_complete,

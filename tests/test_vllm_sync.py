@@ -15,7 +15,7 @@ import torch
 from trl.generation.vllm_generation import VLLMGeneration  # noqa: F401 (FakeTrainer uses it)
 
 from maxent_grpo.errors import UserError
-from maxent_grpo.vllm_sync import (
+from maxent_grpo.train.vllm_sync import (
     WEIGHT_SYNC_METRIC,
     WEIGHTS_DIRNAME,
     VLLMSyncMixin,

@@ -170,7 +170,7 @@ def _run(args) -> int:
 
         return runs.main(args.dirs, as_json=args.json, active_within=args.active_within * 60)
     if args.command == "plot":
-        from maxent_grpo import plot
+        from maxent_grpo.runs import plot
 
         return plot.main(args.run, args.out, args.csv, args.outputs, args.logs or ["logs"])
     from maxent_grpo.launch.launcher import launch, prepare

@@ -15,7 +15,7 @@ import pytest
 from safetensors.torch import load_file
 
 from helpers.runs import PYTHON, REPO, run, step_logs, write_recipe
-from maxent_grpo.checkpoints import CHECKPOINT_MARKER, list_checkpoints, run_is_complete
+from maxent_grpo.train.checkpoints import CHECKPOINT_MARKER, list_checkpoints, run_is_complete
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import pytest
 
 from helpers.procs import wait_until_gone
 from helpers.runs import REPO, child_env, write_recipe
-from maxent_grpo.checkpoints import last_complete_checkpoint, run_is_complete
+from maxent_grpo.train.checkpoints import last_complete_checkpoint, run_is_complete
 
 pytestmark = pytest.mark.integration
 MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")

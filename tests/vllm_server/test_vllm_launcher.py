@@ -16,7 +16,7 @@ import pytest
 
 from helpers.procs import wait_until_gone
 from helpers.runs import REPO, child_env, log_history, write_recipe
-from maxent_grpo.checkpoints import run_is_complete
+from maxent_grpo.train.checkpoints import run_is_complete
 
 pytestmark = pytest.mark.vllm
 

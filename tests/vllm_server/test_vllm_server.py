@@ -158,7 +158,7 @@ def test_server_logprobs_match_transformers_before_training(served, tiny_model):
 
 def test_grpo_with_disk_sync_keeps_the_server_on_the_trained_weights(served, tiny_model):
     """Train 3 steps against the server; every sync must land, exactly."""
-    from maxent_grpo.vllm_sync import WEIGHTS_DIRNAME, _SafetensorsWriter, reload_weights
+    from maxent_grpo.train.vllm_sync import WEIGHTS_DIRNAME, _SafetensorsWriter, reload_weights
 
     plan = served.plan
     env = child_env(**plan.train.env)

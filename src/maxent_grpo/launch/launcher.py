@@ -14,13 +14,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from maxent_grpo.checkpoints import (
-    clear_stop_request,
-    last_complete_checkpoint,
-    request_stop,
-    run_is_complete,
-    stop_requested,
-)
 from maxent_grpo.configs import LaunchArguments
 from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError
 from maxent_grpo.launch.plan import (
@@ -35,6 +28,13 @@ from maxent_grpo.launch.processes import Child, free_port, slurm_nodes
 from maxent_grpo.launch.server import ServerWaitCancelled, start_server, wait_for_training
 from maxent_grpo.launch.slurm import requeue, should_requeue, slurm_job, user_error_marker
 from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
+from maxent_grpo.train.checkpoints import (
+    clear_stop_request,
+    last_complete_checkpoint,
+    request_stop,
+    run_is_complete,
+    stop_requested,
+)
 
 SRC_DIR = Path(__file__).resolve().parents[2]
 METHODS = {"grpo": "grpo.py", "maxent": "maxent-grpo.py"}

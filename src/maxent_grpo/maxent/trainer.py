@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 import trl
 
-from maxent_grpo.checkpoints import CompleteCheckpointsMixin, write_json_atomic
 from maxent_grpo.errors import UserError
 from maxent_grpo.maxent.config import MaxEntConfig
 from maxent_grpo.maxent.controllers import KLController, TauController
@@ -32,7 +31,8 @@ from maxent_grpo.maxent.weights import (
     weight_stats,
     weighted_policy_loss,
 )
-from maxent_grpo.vllm_sync import VLLMSyncMixin
+from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin, write_json_atomic
+from maxent_grpo.train.vllm_sync import VLLMSyncMixin
 
 CONTROLLER_STATE_FILE = "maxent_controller_state.json"
 

@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from maxent_grpo.checkpoints import CHECKPOINT_MARKER, RUN_MARKER, STOP_REQUEST
+from maxent_grpo.train.checkpoints import CHECKPOINT_MARKER, RUN_MARKER, STOP_REQUEST
 
 TAIL_BYTES = 32 * 1024  # a log's tail: the exit lines and the last steps' metrics
 LONG_TAIL_BYTES = 512 * 1024  # read when the short tail has no step (long tracebacks, noise)

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from maxent_grpo.checkpoints import RUN_MARKER
 from maxent_grpo.errors import UserError
 from maxent_grpo.runs import (
     METHOD_NAMES,
@@ -30,6 +29,7 @@ from maxent_grpo.runs import (
     read_output_dir,
     segments,
 )
+from maxent_grpo.train.checkpoints import RUN_MARKER
 
 RESUME_SEARCH_BYTES = 1024 * 1024
 

@@ -13,16 +13,16 @@ import os
 import sys
 from pathlib import Path
 
-from maxent_grpo.checkpoints import (
+from maxent_grpo.configs import world_size_from_env
+from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError
+from maxent_grpo.faults import failpoint
+from maxent_grpo.train.checkpoints import (
     CompleteCheckpointsMixin,
     last_complete_checkpoint,
     make_stop_callback,
     mark_run_complete,
     run_is_complete,
 )
-from maxent_grpo.configs import world_size_from_env
-from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError
-from maxent_grpo.faults import failpoint
 
 
 class StoppedForRequeue(Exception):
@@ -102,7 +102,7 @@ def grpo_trainer_class():
     """
     import trl
 
-    from maxent_grpo.vllm_sync import VLLMSyncMixin
+    from maxent_grpo.train.vllm_sync import VLLMSyncMixin
 
     class GRPOTrainer(CompleteCheckpointsMixin, VLLMSyncMixin, trl.GRPOTrainer):
         pass
