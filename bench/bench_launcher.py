@@ -3,8 +3,9 @@
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_launcher.py [--repeats 3] [--no-vllm]
 
 1. Time to the first step, A/B: `bash training.sh` (smoke recipe, 2 steps, 2 CPU processes)
-   against a bare `accelerate launch bench/bare_trl_grpo.py` with the launcher's flags and the
-   same recipe, alternating ABBA over --repeats rounds. Each output line is stamped on arrival;
+   against the training command the launcher plans (maxent_grpo.launch.plan.make_plan) with
+   only its entry script swapped for bench/bare_trl_grpo.py, same recipe, alternating ABBA over
+   --repeats rounds. Each output line is stamped on arrival;
    "first step" is the arrival of step 1's metrics line. Our own overhead = median over rounds
    of (ours - bare): setup_env check, the launcher's interpreter, imports and recipe
    parse/preflight, the plan, the process start, and the trainers' second parse/check.
@@ -16,17 +17,16 @@
 3. Our part, phase by phase: bench/launcher_phases.py in a fresh interpreter, plus
    `bash scripts/setup_env.sh` (the fast path training.sh takes) and interpreter start.
 4. vLLM (only when the venv has vllm, found as the launcher looks for it): the CPU server recipe
-   (recipes/smoke/config_grpo_vllm.yaml, --vllm-steps steps) through training.sh: the
-   launcher's "healthy after Xs", the per-step `vllm/weight_sync_seconds` from
-   trainer_state.json, and how long the trainers take to start after the server is healthy
-   (serial today). Otherwise prints 'skipped: vllm not installed'.
+   (recipes/smoke/config_grpo_vllm.yaml, --vllm-steps steps) through training.sh: launch to
+   the first step with the server and the trainers started together (overlapped) and one after
+   the other (serial), the launcher's "healthy after Xs" and the per-step
+   `vllm/weight_sync_seconds` (bench/bench_vllm.py). Otherwise prints 'skipped: vllm not
+   installed'.
 Writes bench/results/launcher.json.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import re
 import shutil
@@ -37,30 +37,27 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
+from bench_vllm import vllm_figures, vllm_run
 from benchlib import (
     BARE_SCRIPT,
     PYTHON,
     ROOT,
     SMOKE_GRPO,
-    SMOKE_VLLM,
-    accelerate_cpu_launch,
+    Measurement,
+    bench_parser,
     child_env,
     figure,
-    free_port,
     loadavg,
-    machine,
     median,
+    planned_training,
     print_figures,
     run_timestamped,
-    write_result,
+    write_recipe,
 )
 
 TARGET_OWN_S = 2.0
 STEP_LINE = "'loss'"
 STEP_TIME_RE = re.compile(r"'step_time': '([0-9.e+-]+)'")
-HEALTHY_RE = re.compile(r"vLLM server healthy after ([0-9.]+)s")
-STOPPED_RE = re.compile(r"vLLM server stopped in ([0-9.]+)s")
 TINY_MODEL = ".cache/models/tiny-qwen2"  # the launcher's default: it checks and reuses it
 
 IMPORT_AND_LOAD = """
@@ -76,13 +73,6 @@ tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
 t3 = time.perf_counter()
 print(json.dumps({"lazy_import_s": t1 - t0, "import_s": t2 - t0, "model_load_s": t3 - t2}))
 """
-
-
-def write_recipe(base: Path, path: Path, **overrides) -> Path:
-    recipe = yaml.safe_load(base.read_text())
-    recipe.update(overrides)
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return path
 
 
 def first_step(run, what: str) -> tuple[float, float]:
@@ -108,12 +98,29 @@ def run_ours(recipe: Path, workdir: Path, tag: str):
 
 
 def run_bare(recipe: Path, workdir: Path, tag: str):
+    """The launcher's planned training command, its entry script swapped for the bare one."""
     out = workdir / f"out-{tag}"
-    cmd = [*accelerate_cpu_launch(2, free_port()), str(BARE_SCRIPT), "--config", str(recipe)]
-    cmd += ["--output_dir", str(out)]
-    run = run_timestamped(cmd, env=child_env())
+    planned = planned_training(recipe, overrides=["--output_dir", str(out)])
+    run = run_timestamped(planned.with_entry(str(BARE_SCRIPT)), env=child_env(**planned.env))
     shutil.rmtree(out, ignore_errors=True)
     return run
+
+
+SIDES = {"ours": (run_ours, "bash training.sh"), "bare": (run_bare, "bare accelerate launch")}
+
+
+def timed_side(side: str, recipe: Path, workdir: Path, tag: str) -> dict:
+    """One run of one side: when its step 1, data and model arrived."""
+    start, what = SIDES[side]
+    run = start(recipe, workdir, tag)
+    t_first, step1 = first_step(run, what)
+    result = {"first_step_s": t_first, "step1_step_time_s": step1}
+    if side == "ours":
+        result["plan_printed_s"] = run.first("device: ")
+    result["trainer_data_s"] = run.first("Map")
+    result["model_loaded_s"] = run.first("Loading weights")
+    result["wall_s"] = run.wall_s
+    return result
 
 
 def startup_ab(recipe: Path, workdir: Path, repeats: int) -> dict:
@@ -122,28 +129,7 @@ def startup_ab(recipe: Path, workdir: Path, repeats: int) -> dict:
         order = ("ours", "bare") if round_ % 2 == 0 else ("bare", "ours")
         result = {}
         for side in order:
-            tag = f"{side}-{round_}"
-            if side == "ours":
-                run = run_ours(recipe, workdir, tag)
-                t_first, step1 = first_step(run, "bash training.sh")
-                result["ours"] = {
-                    "first_step_s": t_first,
-                    "step1_step_time_s": step1,
-                    "plan_printed_s": run.first("device: "),
-                    "trainer_data_s": run.first("Map"),
-                    "model_loaded_s": run.first("Loading weights"),
-                    "wall_s": run.wall_s,
-                }
-            else:
-                run = run_bare(recipe, workdir, tag)
-                t_first, step1 = first_step(run, "bare accelerate launch")
-                result["bare"] = {
-                    "first_step_s": t_first,
-                    "step1_step_time_s": step1,
-                    "trainer_data_s": run.first("Map"),
-                    "model_loaded_s": run.first("Loading weights"),
-                    "wall_s": run.wall_s,
-                }
+            result[side] = timed_side(side, recipe, workdir, f"{side}-{round_}")
             print(
                 f"  round {round_ + 1}/{repeats} {side}: first step after "
                 f"{result[side]['first_step_s']:.2f} s (load {loadavg()[0]})",
@@ -161,19 +147,17 @@ def startup_ab(recipe: Path, workdir: Path, repeats: int) -> dict:
     }
 
 
+def json_probe(cmd: list[str], what: str, tail: int) -> dict:
+    """Run a probe in a fresh interpreter; its last output line is a JSON object."""
+    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"{what} failed:\n{proc.stderr[-tail:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def import_and_load(repeats: int) -> dict:
-    samples = []
-    for _ in range(repeats):
-        proc = subprocess.run(
-            [PYTHON, "-c", IMPORT_AND_LOAD, TINY_MODEL],
-            cwd=ROOT,
-            env=child_env(),
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            sys.exit(f"import/model-load probe failed:\n{proc.stderr[-2000:]}")
-        samples.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cmd = [PYTHON, "-c", IMPORT_AND_LOAD, TINY_MODEL]
+    samples = [json_probe(cmd, "import/model-load probe", 2000) for _ in range(repeats)]
     return {key: median([s[key] for s in samples]) for key in samples[0]} | {"samples": samples}
 
 
@@ -187,79 +171,15 @@ def timed_command(cmd: list[str], repeats: int) -> float:
 
 
 def phases(recipe: Path, workdir: Path) -> dict:
-    proc = subprocess.run(
-        [PYTHON, str(ROOT / "bench" / "launcher_phases.py"), str(recipe), str(workdir / "logs")],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        sys.exit(f"launcher_phases.py failed:\n{proc.stderr[-3000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    cmd = [PYTHON, str(ROOT / "bench" / "launcher_phases.py"), str(recipe), str(workdir / "logs")]
+    result = json_probe(cmd, "launcher_phases.py", 3000)
     result["setup_env_s"] = timed_command(["bash", "scripts/setup_env.sh"], 3)
     result["python_start_s"] = timed_command([PYTHON, "-c", "pass"], 3)
     return result
 
 
-def vllm_run(workdir: Path, steps: int) -> dict:
-    if importlib.util.find_spec("vllm") is None:
-        print("vLLM: skipped: vllm not installed", flush=True)
-        return {"skipped": "vllm not installed"}
-    out = workdir / "out-vllm"
-    recipe = write_recipe(
-        SMOKE_VLLM,
-        workdir / "vllm.yaml",
-        model_name_or_path=TINY_MODEL,
-        output_dir=str(out),
-        max_steps=steps,
-        save_steps=10_000,
-    )
-    cmd = ["bash", "training.sh", "--logs-dir", str(workdir / "logs")]
-    env = child_env(RECIPE=str(recipe))
-    env.pop("CUDA_VISIBLE_DEVICES")
-    print(f"vLLM: CPU server recipe, {steps} steps (server start takes a while on CPU)", flush=True)
-    run = run_timestamped(cmd, env=env, timeout=900)
-    if run.returncode != 0:
-        print(f"vLLM run failed ({run.returncode}):\n{run.tail(30)}", flush=True)
-        return {"failed": run.returncode, "tail": run.tail(30)}
-    text = run.text()
-    healthy = HEALTHY_RE.search(text)
-    stopped = STOPPED_RE.search(text)
-    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    syncs = [e["vllm/weight_sync_seconds"] for e in history if "vllm/weight_sync_seconds" in e]
-    step_times = [e["step_time"] for e in history if "step_time" in e]
-    t_healthy = run.first("vLLM server healthy")
-    t_first, step1 = first_step(run, "vLLM run")
-    shutil.rmtree(out, ignore_errors=True)
-    steady_syncs = syncs[1:] or syncs
-    return {
-        "healthy_after_s": float(healthy.group(1)) if healthy else None,
-        "server_stop_s": float(stopped.group(1)) if stopped else None,
-        "weight_sync_s": syncs,
-        "weight_sync_median_s": median(steady_syncs),
-        "step_time_s": step_times,
-        "step_time_median_s": median(step_times[1:] or step_times),
-        "trainer_start_after_healthy_s": (t_first - t_healthy - step1) if t_healthy else None,
-        "first_step_s": t_first,
-        "wall_s": run.wall_s,
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3, help="A/B rounds (ours, bare)")
-    parser.add_argument("--vllm-steps", type=int, default=4, help="steps of the vLLM run")
-    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM server run")
-    parser.add_argument("--output", type=Path, default=None, help="JSON results file")
-    args = parser.parse_args(argv)
-
-    from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
-
-    load_before = loadavg()
-    started = time.monotonic()
-    ensure_tiny_model(ROOT / DEFAULT_TINY_MODEL_DIR)  # built once, outside the timings
-    figures = []
+def measure(args) -> dict:
+    """The A/B start-up runs, the probes, the launcher's phases and the vLLM run."""
     with tempfile.TemporaryDirectory(prefix="bench-launcher-") as tmp:
         workdir = Path(tmp)
         recipe = write_recipe(
@@ -276,14 +196,17 @@ def main(argv: list[str] | None = None) -> int:
         probe = import_and_load(min(2, args.repeats))
         parts = phases(recipe, workdir)
         vllm = {"skipped": "--no-vllm"} if args.no_vllm else vllm_run(workdir, args.vllm_steps)
+    return {"startup_ab": ab, "import_and_load": probe, "phases": parts, "vllm": vllm}
 
+
+def launcher_figures(ab: dict, probe: dict, parts: dict) -> list[dict]:
     residual = ab["ours_first_step_s"] - probe["import_s"] - probe["model_load_s"]
     residual -= ab["ours_step1_s"]
     launcher_own = parts["setup_env_s"] + parts["python_start_s"]
     launcher_own += parts["launcher_in_process_s"]
     trainer_extra = parts["trainer_parse_and_check_s"] - parts["bare_config_s"]
     rounds = ", ".join(f"{r['own_s']:.2f}" for r in ab["rounds"])
-    figures += [
+    return [
         figure(
             "launcher: time to first step, bash training.sh",
             ab["ours_first_step_s"],
@@ -319,59 +242,41 @@ def main(argv: list[str] | None = None) -> int:
             "includes accelerate's own start and TRL's trainer init, which bare pays too",
         ),
     ]
-    if "healthy_after_s" in vllm:
-        figures += [
-            figure("vllm: server healthy after", vllm["healthy_after_s"], "s"),
-            figure(
-                "vllm: disk weight sync per step (median)",
-                vllm["weight_sync_median_s"],
-                "s",
-                note=f"step_time median {vllm['step_time_median_s']:.3f} s; all syncs "
-                + ", ".join(f"{s:.3f}" for s in vllm["weight_sync_s"]),
-            ),
-            figure(
-                "vllm: weight sync / step time",
-                vllm["weight_sync_median_s"] / vllm["step_time_median_s"],
-                "x",
-                is_ratio=True,
-            ),
-            figure(
-                "vllm: trainer start after server healthy (serial)",
-                vllm["trainer_start_after_healthy_s"],
-                "s",
-                note="could overlap the server start",
-            ),
-        ]
-    else:
-        figures.append(
-            figure("vllm: server healthy after", None, "s", note=vllm.get("skipped", "failed"))
-        )
-    print_figures(figures)
+
+
+def print_phases(parts: dict) -> None:
     print("  our own part, phase by phase (launcher_phases.py, fresh interpreter):")
     print(f"    bash scripts/setup_env.sh (fast path): {parts['setup_env_s']:.3f} s")
     print(f"    python interpreter start: {parts['python_start_s']:.3f} s")
     for name, seconds in parts["phases_s"].items():
         print(f"    {name}: {seconds:.3f} s")
+    heavy = parts.get("launcher_heavy_modules", [])
+    print(f"    torch/TRL/transformers/datasets/peft imported by the launcher: {heavy or 'none'}")
     print(
         f"    trainers: parse_and_check {parts['trainer_parse_and_check_s']:.3f} s vs bare "
         f"GRPOConfig {parts['bare_config_s']:.3f} s (imports already paid)",
         flush=True,
     )
-    write_result(
-        "launcher",
-        {
-            "figures": figures,
-            "startup_ab": ab,
-            "import_and_load": probe,
-            "phases": parts,
-            "vllm": vllm,
-            "load_average": {"before": load_before, "after": loadavg()},
-            "settings": {"repeats": args.repeats, "vllm_steps": args.vllm_steps},
-            "machine": machine(),
-            "wall_s": time.monotonic() - started,
-        },
-        args.output,
-    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--repeats", type=int, default=3, help="A/B rounds (ours, bare)")
+    parser.add_argument("--vllm-steps", type=int, default=4, help="steps of the vLLM run")
+    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM server run")
+    args = parser.parse_args(argv)
+
+    from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
+
+    measurement = Measurement("launcher", args.output)
+    ensure_tiny_model(ROOT / DEFAULT_TINY_MODEL_DIR)  # built once, outside the timings
+    results = measure(args)
+    ab, probe, parts = results["startup_ab"], results["import_and_load"], results["phases"]
+    figures = launcher_figures(ab, probe, parts) + vllm_figures(results["vllm"])
+    print_figures(figures)
+    print_phases(parts)
+    settings = {"repeats": args.repeats, "vllm_steps": args.vllm_steps}
+    measurement.finish(figures, settings, **results)
     return 0
 
 

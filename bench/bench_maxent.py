@@ -18,7 +18,6 @@ weight computation.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -30,15 +29,16 @@ import time
 from pathlib import Path
 
 import yaml
+from benchlib import RESULTS_DIR, ROOT, bench_parser
 
 from maxent_grpo.tiny_model import build_tiny_model
 from maxent_grpo.train.checkpoints import last_complete_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "maxent_vs_grpo.json"
+RESULTS = RESULTS_DIR / "maxent_vs_grpo.json"
 SMOKE_MAXENT = ROOT / "recipes" / "smoke" / "config_maxent.yaml"
 TARGET_RATIO = 1.10
 KL_COEFF = 0.04
+COMPONENT_LENGTH = 32  # completion tokens of the in-process timings
 
 
 def recipes(model: Path, steps: int, workdir: Path) -> dict[str, Path]:
@@ -92,35 +92,25 @@ def run(method: str, recipe: Path, output_dir: Path, logs: Path, processes: int)
     return [e["step_time"] for e in state["log_history"] if "step_time" in e]
 
 
-def component_times(model: Path, workdir: Path, reps: int) -> dict:
-    """What MaxEnt changes, timed in one process with calls interleaved (robust to load):
-    its loss + backward against TRL's GRPO loss + backward on the same batch and reference
-    log-probs, and the weight computation of one generation batch."""
-    import torch
-    import trl
+def component_trainer(model: Path, workdir: Path):
+    """A MaxEnt trainer of the smoke recipe's batch shape, CPU, rewards all 0."""
     from datasets import Dataset
 
     from maxent_grpo.maxent.config import MaxEntConfig
     from maxent_grpo.maxent.trainer import MaxEntGRPOTrainer
-    from maxent_grpo.maxent.weights import (
-        informative_groups,
-        maxent_weights,
-        sequence_log_likelihood,
-        weight_stats,
-    )
 
     recipe = yaml.safe_load(SMOKE_MAXENT.read_text())
-    k, batch, length = recipe["num_generations"], recipe["per_device_train_batch_size"], 32
     args = MaxEntConfig(
         output_dir=str(workdir / "components"),
         use_cpu=True,
         bf16=False,
         report_to="none",
-        num_generations=k,
-        per_device_train_batch_size=batch,
-        max_completion_length=length,
+        num_generations=recipe["num_generations"],
+        per_device_train_batch_size=recipe["per_device_train_batch_size"],
+        max_completion_length=COMPONENT_LENGTH,
         init_kl_coeff=KL_COEFF,
     )
+    batch = args.per_device_train_batch_size
     trainer = MaxEntGRPOTrainer(
         model=str(model),
         reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
@@ -128,9 +118,16 @@ def component_times(model: Path, workdir: Path, reps: int) -> dict:
         train_dataset=Dataset.from_dict({"prompt": ["What is 1 + 1?"] * batch}),
     )
     trainer.current_gradient_accumulation_steps = 1
-    policy = trainer.model
-    policy.train()
-    vocab, prompt = policy.config.vocab_size, 40
+    trainer.model.train()
+    return trainer
+
+
+def loss_inputs(trainer, prompt: int = 40) -> dict:
+    """A random batch as the loss sees it, with the reference model's log-probs."""
+    import torch
+
+    batch, k = trainer.args.per_device_train_batch_size, trainer.num_generations
+    length, vocab = COMPONENT_LENGTH, trainer.model.config.vocab_size
     inputs = {
         "prompt_ids": torch.randint(0, vocab, (batch, prompt)),
         "prompt_mask": torch.ones(batch, prompt, dtype=torch.long),
@@ -145,34 +142,61 @@ def component_times(model: Path, workdir: Path, reps: int) -> dict:
         inputs["ref_per_token_logps"] = trainer._get_per_token_logps_and_entropies(
             trainer.ref_model, ids, torch.ones_like(ids), length
         )[0]
-    generation_batch = 2 * batch  # both processes' completions: every process computes all
+    return inputs
+
+
+def component_calls(trainer, inputs: dict) -> dict:
+    """The three timed calls: MaxEnt's loss + backward, TRL's GRPO loss + backward on the same
+    trainer and inputs, and the weights of one generation batch."""
+    import torch
+    import trl
+
+    from maxent_grpo.maxent.weights import (
+        informative_groups,
+        maxent_weights,
+        sequence_log_likelihood,
+        weight_stats,
+    )
+
+    policy, k = trainer.model, trainer.num_generations
+    # Both processes' completions: every process computes the weights of all of them.
+    generation_batch = 2 * trainer.args.per_device_train_batch_size
 
     def maxent_loss():
-        trainer._compute_loss(policy, inputs).backward()
+        trainer.compute_loss(policy, inputs).backward()
 
     def grpo_loss():
         trl.GRPOTrainer._compute_loss(trainer, policy, inputs).backward()
 
     def weights():
         rewards = torch.randn(generation_batch)
-        per_token = torch.randn(generation_batch, length)
+        per_token = torch.randn(generation_batch, COMPONENT_LENGTH)
         ref = sequence_log_likelihood(per_token, torch.ones_like(per_token), True)
         w = maxent_weights(rewards, k, 1.0, KL_COEFF, ref, 1.0, 0.01)
         weight_stats(w, k)
         weight_stats(w, k, informative_groups(rewards, k))
 
-    samples: dict[str, list[float]] = {"maxent_loss": [], "grpo_loss": [], "weights": []}
+    return {"maxent_loss": maxent_loss, "grpo_loss": grpo_loss, "weights": weights}
+
+
+def interleaved_ms(calls: dict, reps: int) -> dict[str, float]:
+    """Median ms of each call, the calls interleaved, the first tenth of reps dropped."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
     for rep in range(reps):
-        for name, fn in (
-            ("maxent_loss", maxent_loss),
-            ("grpo_loss", grpo_loss),
-            ("weights", weights),
-        ):
+        for name, fn in calls.items():
             start = time.perf_counter()
             fn()
             if rep >= reps // 10:  # warm-up
                 samples[name].append(time.perf_counter() - start)
-    ms = {name: 1000 * statistics.median(values) for name, values in samples.items()}
+    return {name: 1000 * statistics.median(values) for name, values in samples.items()}
+
+
+def component_times(model: Path, workdir: Path, reps: int) -> dict:
+    """What MaxEnt changes, timed in one process with calls interleaved (robust to load):
+    its loss + backward against TRL's GRPO loss + backward on the same batch and reference
+    log-probs, and the weight computation of one generation batch."""
+    trainer = component_trainer(model, workdir)
+    ms = interleaved_ms(component_calls(trainer, loss_inputs(trainer)), reps)
     return {
         "maxent_loss_backward_ms": ms["maxent_loss"],
         "grpo_loss_backward_ms": ms["grpo_loss"],
@@ -182,46 +206,31 @@ def component_times(model: Path, workdir: Path, reps: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=25, help="optimizer steps per run")
-    parser.add_argument("--warmup", type=int, default=5, help="steps dropped from each run")
-    parser.add_argument("--rounds", type=int, default=3, help="runs per method, alternating")
-    parser.add_argument("--processes", type=int, default=2, help="training processes")
-    parser.add_argument("--output", type=Path, default=RESULTS, help="JSON results file")
-    parser.add_argument(
-        "--component-reps", type=int, default=200, help="repetitions of the in-process timings"
-    )
-    args = parser.parse_args(argv)
-    if args.steps <= args.warmup:
-        parser.error("--steps must exceed --warmup")
-
+def run_rounds(args, paths: dict[str, Path], workdir: Path) -> tuple[dict, dict]:
+    """--rounds runs of each method, alternating: steady step times, and each run's median."""
     times: dict[str, list[float]] = {"grpo": [], "maxent": []}
     round_medians: dict[str, list[float]] = {"grpo": [], "maxent": []}
-    started = time.time()
-    with tempfile.TemporaryDirectory(prefix="bench-maxent-") as tmp:
-        workdir = Path(tmp)
-        model = build_tiny_model(workdir / "tiny-qwen2")
-        paths = recipes(model, args.steps, workdir)
-        for round_ in range(args.rounds):
-            for method in ("grpo", "maxent"):
-                out = workdir / f"{method}-{round_}"
-                step_times = run(method, paths[method], out, workdir / "logs", args.processes)
-                steady = step_times[args.warmup :]
-                times[method] += steady
-                round_medians[method].append(statistics.median(steady))
-                print(
-                    f"round {round_ + 1}/{args.rounds} {method:6s}: median step "
-                    f"{round_medians[method][-1]:.4f} s",
-                    flush=True,
-                )
-        components = component_times(model, workdir, args.component_reps)
+    for round_ in range(args.rounds):
+        for method in ("grpo", "maxent"):
+            out = workdir / f"{method}-{round_}"
+            step_times = run(method, paths[method], out, workdir / "logs", args.processes)
+            steady = step_times[args.warmup :]
+            times[method] += steady
+            round_medians[method].append(statistics.median(steady))
+            print(
+                f"round {round_ + 1}/{args.rounds} {method:6s}: median step "
+                f"{round_medians[method][-1]:.4f} s",
+                flush=True,
+            )
+    return times, round_medians
 
+
+def summarize(args, times: dict, round_medians: dict, components: dict) -> dict:
     medians = {method: statistics.median(values) for method, values in times.items()}
     ratio = medians["maxent"] / medians["grpo"]
     # Each round's runs are back to back, so their ratio is less exposed to load drift.
     round_ratios = [m / g for m, g in zip(round_medians["maxent"], round_medians["grpo"])]
-    result = {
+    return {
         "ratio_maxent_over_grpo": ratio,
         "target": TARGET_RATIO,
         "meets_target": ratio <= TARGET_RATIO,
@@ -244,22 +253,53 @@ def main(argv: list[str] | None = None) -> int:
             "machine": platform.platform(),
             "cpus": os.cpu_count(),
         },
-        "wall_s": time.time() - started,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def print_result(result: dict, output: Path) -> None:
+    medians, ratio = result["median_step_s"], result["ratio_maxent_over_grpo"]
+    components = result["components"]
     print(
         f"median step time: GRPO {medians['grpo']:.4f} s, MaxEnt {medians['maxent']:.4f} s; "
         f"ratio {ratio:.3f} (target <= {TARGET_RATIO}); per-round ratios "
-        f"{', '.join(f'{r:.3f}' for r in round_ratios)}"
+        f"{', '.join(f'{r:.3f}' for r in result['round_ratios'])}"
     )
     print(
         f"in-process: loss + backward MaxEnt {components['maxent_loss_backward_ms']:.2f} ms, "
         f"GRPO {components['grpo_loss_backward_ms']:.2f} ms "
         f"(ratio {components['loss_backward_ratio']:.3f}); weights "
         f"{components['weights_per_generation_batch_ms']:.2f} ms per generation batch; "
-        f"results: {args.output}"
+        f"results: {output}"
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--steps", type=int, default=25, help="optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=5, help="steps dropped from each run")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per method, alternating")
+    parser.add_argument("--processes", type=int, default=2, help="training processes")
+    parser.add_argument(
+        "--component-reps", type=int, default=200, help="repetitions of the in-process timings"
+    )
+    args = parser.parse_args(argv)
+    if args.steps <= args.warmup:
+        parser.error("--steps must exceed --warmup")
+    output = args.output or RESULTS
+
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench-maxent-") as tmp:
+        workdir = Path(tmp)
+        model = build_tiny_model(workdir / "tiny-qwen2")
+        paths = recipes(model, args.steps, workdir)
+        times, round_medians = run_rounds(args, paths, workdir)
+        components = component_times(model, workdir, args.component_reps)
+
+    result = summarize(args, times, round_medians, components)
+    result["wall_s"] = time.time() - started
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
+    print_result(result, output)
     return 0
 
 

@@ -7,9 +7,10 @@ Both sides train the smoke recipe (recipes/smoke/config_grpo.yaml: the tiny Qwen
 built-in arithmetic rows, the same prompt format, rewards, batch and seed; checkpoints every 10
 steps) for --steps optimizer steps: ours through src/grpo.py (recipe checks, guarded rewards,
 complete-checkpoint markers, the stop callback), the baseline through bench/bare_trl_grpo.py
-(plain trl.GRPOConfig / GRPOTrainer). One process runs as `python SCRIPT`, two through
-`accelerate launch` with the launcher's CPU flags. Both run under bench/steptimer.py, which
-records per-step wall-clock stamps, TRL's `step_time` metric and each process's peak RSS.
+(plain trl.GRPOConfig / GRPOTrainer). Both run the command the launcher plans for that many CPU
+processes (maxent_grpo.launch.plan.make_plan: `accelerate launch` with its flags), the bare side
+with only the entry script swapped. Both run under bench/steptimer.py, which records per-step
+wall-clock stamps, TRL's `step_time` metric and each process's peak RSS.
 
 Figures (the first --warmup steps of every run dropped, runs of the two sides alternating
 ABBA over --repeats rounds, medians pooled over rounds):
@@ -33,7 +34,6 @@ Target: step time ratio <= 1.03. Writes bench/results/overhead.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -46,47 +46,37 @@ from pathlib import Path
 import yaml
 from benchlib import (
     BARE_SCRIPT,
-    PYTHON,
     ROOT,
     SMOKE_GRPO,
     STEPTIMER,
-    accelerate_cpu_launch,
+    Measurement,
+    bench_parser,
     child_env,
     figure,
-    free_port,
     loadavg,
-    machine,
     median,
+    planned_training,
     print_figures,
-    write_result,
+    write_recipe,
 )
 
 TARGET_RATIO = 1.03
-SCRIPTS = {"ours": ROOT / "src" / "grpo.py", "bare": BARE_SCRIPT}
-
-
-def write_recipe(workdir: Path, model: Path, steps: int) -> Path:
-    recipe = yaml.safe_load(SMOKE_GRPO.read_text())
-    recipe.update(model_name_or_path=str(model), max_steps=steps, logging_steps=1)
-    path = workdir / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return path
 
 
 def run_once(side: str, processes: int, recipe: Path, workdir: Path, tag: str) -> dict:
     """One training run under the step timer; returns its per-rank records."""
     out = workdir / f"out-{tag}"
     timer_dir = workdir / f"timer-{tag}"
-    launch = [PYTHON] if processes == 1 else accelerate_cpu_launch(processes, free_port())
-    cmd = [*launch, str(STEPTIMER), str(SCRIPTS[side]), "--config", str(recipe)]
-    cmd += ["--output_dir", str(out)]
+    planned = planned_training(recipe, processes, ["--output_dir", str(out)])
+    entry = planned.entry if side == "ours" else (str(BARE_SCRIPT),)
+    cmd = planned.with_entry(str(STEPTIMER), *entry)
     log = workdir / f"{tag}.log"
     started = time.monotonic()
     with open(log, "wb") as handle:
         proc = subprocess.run(
             cmd,
             cwd=ROOT,
-            env=child_env(STEPTIMER_OUT=str(timer_dir)),
+            env=child_env(**planned.env, STEPTIMER_OUT=str(timer_dir)),
             stdout=handle,
             stderr=subprocess.STDOUT,
             timeout=900,
@@ -253,7 +243,7 @@ def figures_for(s: dict) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="steps dropped from each run")
     parser.add_argument(
@@ -262,21 +252,25 @@ def main(argv: list[str] | None = None) -> int:
         help="rounds (one run per side each); one number, or one per --processes entry (4,2)",
     )
     parser.add_argument("--processes", default="1,2", help="process counts, e.g. 1,2")
-    parser.add_argument("--output", type=Path, default=None, help="JSON results file")
     args = parser.parse_args(argv)
     if args.steps <= args.warmup + 1:
         parser.error("--steps must exceed --warmup + 1")
 
     from maxent_grpo.tiny_model import build_tiny_model
 
-    load_before = loadavg()
-    started = time.monotonic()
+    measurement = Measurement("overhead", args.output)
     summaries = []
     figures = []
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         workdir = Path(tmp)
         model = build_tiny_model(workdir / "tiny-qwen2")
-        recipe = write_recipe(workdir, model, args.steps)
+        recipe = write_recipe(
+            SMOKE_GRPO,
+            workdir / "recipe.yaml",
+            model_name_or_path=str(model),
+            max_steps=args.steps,
+            logging_steps=1,
+        )
         counts = [int(p) for p in args.processes.split(",")]
         repeats = [int(r) for r in args.repeats.split(",")]
         repeats += [repeats[-1]] * (len(counts) - len(repeats))
@@ -286,24 +280,14 @@ def main(argv: list[str] | None = None) -> int:
             summaries.append(summary)
             figures += figures_for(summary)
             print_figures(figures_for(summary))
-    write_result(
-        "overhead",
-        {
-            "figures": figures,
-            "comparisons": summaries,
-            "load_average": {"before": load_before, "after": loadavg()},
-            "settings": {
-                "recipe": "recipes/smoke/config_grpo.yaml",
-                "steps": args.steps,
-                "warmup_dropped": args.warmup,
-                "repeats": repeats,
-                "order": "ABBA (ours first in even rounds)",
-            },
-            "machine": machine(),
-            "wall_s": time.monotonic() - started,
-        },
-        args.output,
-    )
+    settings = {
+        "recipe": "recipes/smoke/config_grpo.yaml",
+        "steps": args.steps,
+        "warmup_dropped": args.warmup,
+        "repeats": repeats,
+        "order": "ABBA (ours first in even rounds)",
+    }
+    measurement.finish(figures, settings, comparisons=summaries)
     return 0
 
 

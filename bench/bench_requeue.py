@@ -19,7 +19,6 @@ logged before the stop - the checkpoint's step (target 0). Writes bench/results/
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shlex
@@ -31,8 +30,15 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import yaml
-from benchlib import ROOT, SMOKE_GRPO, figure, loadavg, machine, print_figures, write_result
+from benchlib import (
+    ROOT,
+    SMOKE_GRPO,
+    Measurement,
+    bench_parser,
+    figure,
+    print_figures,
+    write_recipe,
+)
 
 CLUSTER_SH = ROOT / "tests" / "slurm" / "cluster.sh"
 TINY_MODEL = ".cache/models/tiny-qwen2"
@@ -100,17 +106,16 @@ def end_job(job: str, env: dict, timeout: float = 120) -> None:
     print(f"requeue: warning: job {job} still {state} after {timeout:g}s", flush=True)
 
 
-def measure(env: dict, workdir: Path, steps_before: int, timeout: float) -> dict:
-    recipe = yaml.safe_load(SMOKE_GRPO.read_text())
-    recipe.update(
+def submit(env: dict, workdir: Path, logs: Path) -> str:
+    """`sbatch training.sh` with the smoke recipe: 400 steps, no periodic checkpoint."""
+    recipe_path = write_recipe(
+        SMOKE_GRPO,
+        workdir / "recipe.yaml",
         model_name_or_path=TINY_MODEL,
         output_dir=str(workdir / "out"),
         max_steps=400,
         save_steps=10_000,
     )
-    recipe_path = workdir / "recipe.yaml"
-    recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    logs = workdir / "logs"
     submitted = sh(
         [
             "sbatch",
@@ -129,131 +134,140 @@ def measure(env: dict, workdir: Path, steps_before: int, timeout: float) -> dict
         raise RuntimeError(f"sbatch failed: {submitted.stderr.strip()}")
     job = submitted.stdout.strip().split(";")[0]
     print(f"requeue: job {job} submitted", flush=True)
-    t_submit = time.time()
-    marks: dict[str, float] = {}
-    info: dict = {"job": job}
-    try:
-        deadline = time.monotonic() + timeout
-        # Attempt 1: wait until it has logged enough steps.
-        while True:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"job {job}: fewer than {steps_before} steps in {timeout}s")
-            train_logs = sorted(logs.glob("*_train.log"))
-            if train_logs and read(train_logs[0]).count(STEP_LINE) >= steps_before:
-                break
-            time.sleep(0.5)
-        first_log = train_logs[0]
-        info["queue_and_start_s"] = time.time() - t_submit
-        first_start = job_record(job, env).get("StartTime")
-        states: list = []
-        info["job_states_after_signal"] = states
-        marks["signal"] = time.time()
-        sent = sh(["scancel", "--signal=USR1", "--batch", job], env=env)
+    return job
+
+
+def wait_for_steps(job: str, logs: Path, steps_before: int, deadline: float, timeout: float):
+    """Attempt 1: wait until it has logged enough steps; returns its train log."""
+    while True:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"job {job}: fewer than {steps_before} steps in {timeout}s")
+        train_logs = sorted(logs.glob("*_train.log"))
+        if train_logs and read(train_logs[0]).count(STEP_LINE) >= steps_before:
+            return train_logs[0]
+        time.sleep(0.5)
+
+
+class Watch:
+    """First sight of each mark after the stop signal, stamped by polling every POLL_S."""
+
+    def __init__(self, job: str, env: dict, workdir: Path, logs: Path, first_log: Path):
+        self.job, self.env, self.workdir, self.logs = job, env, workdir, logs
+        self.first_log = first_log
+        self.second_log: Path | None = None
+        self.first_start = job_record(job, env).get("StartTime")
+        self.marks: dict[str, float] = {}
+        self.info: dict = {"job": job, "job_states_after_signal": []}
+        self.last_scontrol = 0.0
+
+    def signal(self) -> None:
+        """The time-limit warning, sent at a known time: USR1 to the batch script."""
+        self.marks["signal"] = time.time()
+        sent = sh(["scancel", "--signal=USR1", "--batch", self.job], env=self.env)
         if sent.returncode != 0:
             raise RuntimeError(f"scancel --signal=USR1 failed: {sent.stderr.strip()}")
-        print(f"requeue: USR1 sent to job {job}'s batch script", flush=True)
-        second_log = None
-        last_scontrol = 0.0
-        while "first_resumed_step" not in marks:
+        print(f"requeue: USR1 sent to job {self.job}'s batch script", flush=True)
+
+    def until_resumed(self, deadline: float, timeout: float) -> None:
+        while "first_resumed_step" not in self.marks:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"job {job}: no resumed step within {timeout}s: {marks}")
-            now = time.time()
-            out = "\n".join(read(p) for p in sorted(workdir.glob("slurm_*.out")))
-            if "saved" not in marks and STOPPED_RE.search(read(first_log)):
-                marks["saved"] = now
-            if "requeueing" not in marks and "requeueing " in out:
-                marks["requeueing"] = now
-            if "restart" not in marks and now - last_scontrol >= 0.25:
-                # The new attempt: running again, with a new StartTime (right after the
-                # requeue the old attempt still shows RUNNING/COMPLETING with Restarts=1).
-                last_scontrol = now
-                record = job_record(job, env)
-                states.append((now - marks["signal"], record.get("JobState")))
-                if (
-                    record.get("JobState") == "RUNNING"
-                    and record.get("StartTime") != first_start
-                    and int(record.get("Restarts", "0") or 0) >= 1
-                ):
-                    marks["restart"] = now
-                    info["slurm_start_time"] = record.get("StartTime")
-            if second_log is None:
-                later = sorted(logs.glob("*_train.log"))
-                if len(later) >= 2:
-                    second_log = later[1]
-                    marks["attempt2_log"] = now
-            if second_log is not None:
-                text = read(second_log)
-                if "resume_line" not in marks and "Resuming from" in text:
-                    marks["resume_line"] = now
-                if STEP_LINE in text:
-                    marks["first_resumed_step"] = now
-                    head = text[: text.index(STEP_LINE)]
-                    progress = PROGRESS_RE.findall(head)
-                    info["first_resumed_step"] = int(progress[-1][0]) if progress else None
+                raise RuntimeError(
+                    f"job {self.job}: no resumed step within {timeout}s: {self.marks}"
+                )
+            self.poll(time.time())
             time.sleep(POLL_S)
+
+    def poll(self, now: float) -> None:
+        marks = self.marks
+        out = "\n".join(read(p) for p in sorted(self.workdir.glob("slurm_*.out")))
+        if "saved" not in marks and STOPPED_RE.search(read(self.first_log)):
+            marks["saved"] = now
+        if "requeueing" not in marks and "requeueing " in out:
+            marks["requeueing"] = now
+        if "restart" not in marks and now - self.last_scontrol >= 0.25:
+            self.last_scontrol = now
+            self.poll_slurm(now)
+        if self.second_log is None:
+            later = sorted(self.logs.glob("*_train.log"))
+            if len(later) >= 2:
+                self.second_log = later[1]
+                marks["attempt2_log"] = now
+        if self.second_log is not None:
+            self.poll_second_attempt(now, read(self.second_log))
+
+    def poll_slurm(self, now: float) -> None:
+        """The new attempt: running again, with a new StartTime (right after the requeue the
+        old attempt still shows RUNNING/COMPLETING with Restarts=1)."""
+        record = job_record(self.job, self.env)
+        state = record.get("JobState")
+        self.info["job_states_after_signal"].append((now - self.marks["signal"], state))
+        if (
+            state == "RUNNING"
+            and record.get("StartTime") != self.first_start
+            and int(record.get("Restarts", "0") or 0) >= 1
+        ):
+            self.marks["restart"] = now
+            self.info["slurm_start_time"] = record.get("StartTime")
+
+    def poll_second_attempt(self, now: float, text: str) -> None:
+        if "resume_line" not in self.marks and "Resuming from" in text:
+            self.marks["resume_line"] = now
+        if STEP_LINE in text:
+            self.marks["first_resumed_step"] = now
+            progress = PROGRESS_RE.findall(text[: text.index(STEP_LINE)])
+            self.info["first_resumed_step"] = int(progress[-1][0]) if progress else None
+
+    def summary(self) -> dict:
+        """Steps lost and the intervals between the marks."""
+        info, marks = self.info, self.marks
+        first_text = read(self.first_log)
+        stopped = STOPPED_RE.search(first_text)
+        logged = first_text.split("Stopped on request")[0].count(STEP_LINE)
+        info.update(
+            steps_logged_before_stop=logged,
+            checkpoint_step=int(stopped.group(1)) if stopped else None,
+            checkpoint=stopped.group(2) if stopped else None,
+            resumed_from_checkpoint="Resuming from" in read(self.second_log),
+        )
+        if info["checkpoint_step"] is not None:
+            info["steps_lost"] = logged - info["checkpoint_step"]
+        if info.get("slurm_start_time"):
+            start = datetime.fromisoformat(info["slurm_start_time"]).timestamp()
+            info["slurm_start_time_minus_requeueing_s"] = start - marks["requeueing"]
+        t0 = marks["signal"]
+        info["marks_s_after_signal"] = {k: v - t0 for k, v in marks.items()}
+        info["stop_and_save_s"] = marks["requeueing"] - t0
+        info["signal_to_saved_s"] = marks.get("saved", marks["requeueing"]) - t0
+        info["slurm_restart_delay_s"] = marks["restart"] - marks["requeueing"]
+        info["restart_to_first_step_s"] = marks["first_resumed_step"] - marks["restart"]
+        info["restart_to_attempt_log_s"] = marks["attempt2_log"] - marks["restart"]
+        info["total_s"] = info["stop_and_save_s"] + info["restart_to_first_step_s"]
+        return info
+
+
+def measure(env: dict, workdir: Path, steps_before: int, timeout: float) -> dict:
+    logs = workdir / "logs"
+    job = submit(env, workdir, logs)
+    t_submit = time.time()
+    try:
+        deadline = time.monotonic() + timeout
+        first_log = wait_for_steps(job, logs, steps_before, deadline, timeout)
+        queue_and_start_s = time.time() - t_submit
+        watch = Watch(job, env, workdir, logs, first_log)
+        watch.info["queue_and_start_s"] = queue_and_start_s
+        watch.signal()
+        watch.until_resumed(deadline, timeout)
     finally:
         end_job(job, env)
-
-    first_text = read(first_log)
-    stopped = STOPPED_RE.search(first_text)
-    logged = first_text.split("Stopped on request")[0].count(STEP_LINE)
-    info.update(
-        steps_logged_before_stop=logged,
-        checkpoint_step=int(stopped.group(1)) if stopped else None,
-        checkpoint=stopped.group(2) if stopped else None,
-        resumed_from_checkpoint="Resuming from" in read(second_log),
-    )
-    if info["checkpoint_step"] is not None:
-        info["steps_lost"] = logged - info["checkpoint_step"]
-    if info.get("slurm_start_time"):
-        start = datetime.fromisoformat(info["slurm_start_time"]).timestamp()
-        info["slurm_start_time_minus_requeueing_s"] = start - marks["requeueing"]
-    t0 = marks["signal"]
-    info["marks_s_after_signal"] = {k: v - t0 for k, v in marks.items()}
-    info["stop_and_save_s"] = marks["requeueing"] - t0
-    info["signal_to_saved_s"] = marks.get("saved", marks["requeueing"]) - t0
-    info["slurm_restart_delay_s"] = marks["restart"] - marks["requeueing"]
-    info["restart_to_first_step_s"] = marks["first_resumed_step"] - marks["restart"]
-    info["restart_to_attempt_log_s"] = marks["attempt2_log"] - marks["restart"]
-    info["total_s"] = info["stop_and_save_s"] + info["restart_to_first_step_s"]
-    return info
+    return watch.summary()
 
 
 def _no_weights(_directory: str, names: list[str]) -> list[str]:
     return [n for n in names if n.startswith(("checkpoint-", "tiny-qwen2"))]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps-before", type=int, default=5, help="steps before the signal")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds for the whole run")
-    parser.add_argument("--output", type=Path, default=None, help="JSON results file")
-    parser.add_argument("--keep", type=Path, default=None, help="copy the job's logs here")
-    args = parser.parse_args(argv)
-
-    load_before = loadavg()
-    started = time.monotonic()
-    env, why = cluster_env()
-    if env is None:
-        print(f"requeue: skipped: {why}", flush=True)
-        fig = figure("requeue: signal to first resumed step", None, "s", note=f"skipped: {why}")
-        write_result(
-            "requeue",
-            {"figures": [fig], "skipped": why, "load_average": {"before": load_before}},
-            args.output,
-        )
-        return 0
-    from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
-
-    ensure_tiny_model(ROOT / DEFAULT_TINY_MODEL_DIR)
-    with tempfile.TemporaryDirectory(prefix="bench-requeue-") as tmp:
-        try:
-            info = measure(env, Path(tmp), args.steps_before, args.timeout)
-        finally:
-            if args.keep:
-                shutil.copytree(tmp, args.keep, dirs_exist_ok=True, ignore=_no_weights)
-    lost = info.get("steps_lost")
-    figures = [
+def requeue_figures(info: dict) -> list[dict]:
+    return [
         figure(
             "requeue: signal to first resumed step (Slurm delay excluded)",
             info["total_s"],
@@ -282,26 +296,42 @@ def main(argv: list[str] | None = None) -> int:
         ),
         figure(
             "requeue: completed steps lost",
-            lost,
+            info.get("steps_lost"),
             "steps",
             0,
             note=f"{info['steps_logged_before_stop']} steps logged, checkpoint at step "
             f"{info['checkpoint_step']}, resumed at step {info.get('first_resumed_step')}",
         ),
     ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--steps-before", type=int, default=5, help="steps before the signal")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds for the whole run")
+    parser.add_argument("--keep", type=Path, default=None, help="copy the job's logs here")
+    args = parser.parse_args(argv)
+
+    measurement = Measurement("requeue", args.output)
+    settings = {"steps_before": args.steps_before, "poll_s": POLL_S}
+    env, why = cluster_env()
+    if env is None:
+        print(f"requeue: skipped: {why}", flush=True)
+        fig = figure("requeue: signal to first resumed step", None, "s", note=f"skipped: {why}")
+        measurement.finish([fig], settings, skipped=why)
+        return 0
+    from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
+
+    ensure_tiny_model(ROOT / DEFAULT_TINY_MODEL_DIR)
+    with tempfile.TemporaryDirectory(prefix="bench-requeue-") as tmp:
+        try:
+            info = measure(env, Path(tmp), args.steps_before, args.timeout)
+        finally:
+            if args.keep:
+                shutil.copytree(tmp, args.keep, dirs_exist_ok=True, ignore=_no_weights)
+    figures = requeue_figures(info)
     print_figures(figures)
-    write_result(
-        "requeue",
-        {
-            "figures": figures,
-            "requeue": info,
-            "load_average": {"before": load_before, "after": loadavg()},
-            "settings": {"steps_before": args.steps_before, "poll_s": POLL_S},
-            "machine": machine(),
-            "wall_s": time.monotonic() - started,
-        },
-        args.output,
-    )
+    measurement.finish(figures, settings, requeue=info)
     return 0
 
 

@@ -18,21 +18,33 @@ Every timed pass scores a fresh mix (other problems, same composition): math-ver
 cache parses, so scoring the same texts again would time the caches. Each reward is timed
 unguarded (the function itself) and guarded (what training uses:
 maxent_grpo.rewards.guard_rewards with the default 60 s timeout), alternating, --repeats times;
-the figure is completions per second from the median time. Writes bench/results/rewards.json.
+the figure is completions per second from the median time.
+
+The rewards that run the completion's program (code, binary_code, python_unit_tests) are timed
+on their own mix (--code-completions, default 40): per problem (add two numbers, three test
+cases) a correct program, a wrong one, one that crashes and one without a code block; each run
+is a sandboxed `python -I` process, at most parallel_code_exec_per_proc (2) at a time. Their
+figure is completions per second too (three sandbox runs per completion with a code block for
+code/binary_code, one for python_unit_tests). Writes bench/results/rewards.json.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from benchlib import figure, loadavg, machine, print_figures, write_result
+from benchlib import Measurement, bench_parser, figure, print_figures
 
 KINDS = ("correct", "incorrect", "unformatted", "boxed", "long")
+CODE_REWARDS = ("code", "binary_code", "python_unit_tests")
+CODE_KINDS = {
+    "correct": "a, b = map(int, input().split())\nprint(a + b)\n\ndef add(a, b):\n    return a + b",
+    "wrong": "a, b = map(int, input().split())\nprint(a - b)\n\ndef add(a, b):\n    return a - b",
+    "crash": "raise ValueError('no idea')",
+    "no_block": None,
+}
 FILLER = (
     "First I look at the numbers. Then I multiply the first two and add the rest, "
     "checking each partial result again. "
@@ -79,55 +91,67 @@ def build_mix(count: int, seed: int = 0) -> tuple[list, list[str], list[list[int
     return completions, solutions, completion_ids, counts
 
 
-def score_all(func, completions, solutions, completion_ids, batch: int) -> float:
-    """Seconds to score every completion, one call per batch."""
-    start = time.perf_counter()
-    for i in range(0, len(completions), batch):
-        func(
-            completions[i : i + batch],
-            solution=solutions[i : i + batch],
-            completion_ids=completion_ids[i : i + batch],
-        )
-    return time.perf_counter() - start
+def build_code_mix(count: int, seed: int) -> tuple[list, dict]:
+    """Completions and keywords (verification_info, solution) for the code rewards."""
+    rng = random.Random(seed)
+    completions, infos, tests = [], [], []
+    while len(completions) < count:
+        pairs = [(rng.randint(0, 99), rng.randint(0, 99)) for _ in range(3)]
+        cases = [{"input": f"{a} {b}", "output": str(a + b)} for a, b in pairs]
+        info = {"language": "python", "test_cases": cases}
+        unit = "\n".join(f"assert add({a}, {b}) == {a + b}" for a, b in pairs)
+        for code in CODE_KINDS.values():
+            text = "Here it is." if code is None else f"Here it is:\n```python\n{code}\n```"
+            completions.append([{"role": "assistant", "content": text}])
+            infos.append(info)
+            tests.append(unit)
+    n = count
+    return completions[:n], {"verification_info": infos[:n], "solution": tests[:n]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--completions", type=int, default=2000, help="completions in the mix")
-    parser.add_argument(
-        "--batch", type=int, default=20, help="completions per reward call (4 prompts x 5)"
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes per variant")
-    parser.add_argument("--output", type=Path, default=None, help="JSON results file")
-    args = parser.parse_args(argv)
+def time_reward(func, make_mix, batch: int, repeats: int, guarded=None) -> dict:
+    """Median seconds of `func` (and of its guarded twin) over fresh mixes, alternating."""
+    times = {"unguarded": [], "guarded": []}
+    for rep in range(repeats):
+        order = [("unguarded", func)] + ([("guarded", guarded)] if guarded else [])
+        for variant, f in order if rep % 2 == 0 else order[::-1]:
+            completions, keywords = make_mix()
+            start = time.perf_counter()
+            for i in range(0, len(completions), batch):
+                f(completions[i : i + batch], **{k: v[i : i + batch] for k, v in keywords.items()})
+            times[variant].append(time.perf_counter() - start)
+    return {variant: values for variant, values in times.items() if values}
 
-    from maxent_grpo.rewards import get_reward_funcs, guard_rewards, list_reward_names
 
-    load_before = loadavg()
-    started = time.monotonic()
+def throughput_figure(name: str, rate: float, note: str) -> dict:
+    """A reward's completions per second, printed as soon as it is measured."""
+    fig = figure(f"reward {name}: throughput", rate, "completions/s", note=note)
+    print_figures([fig])
+    return fig
+
+
+def bench_text_rewards(names: list[str], args) -> tuple[dict, list, dict]:
+    """Throughput of the rewards that only read the text (and the guard's overhead)."""
+    from maxent_grpo.rewards import get_reward_funcs, guard_rewards
+
     # A fresh mix (another seed: other problems, same composition) for every timed pass:
     # math-verify and sympy cache parses, so re-scoring the same texts would time the caches.
     seeds = iter(range(1, 10**6))
-    completions, solutions, completion_ids, counts = build_mix(args.completions, seed=0)
+
+    def make_mix():
+        completions, solutions, ids, _ = build_mix(args.completions, seed=next(seeds))
+        return completions, {"solution": solutions, "completion_ids": ids}
+
+    completions, keywords = make_mix()
     n = len(completions)
-    print(f"reward throughput: {n} completions ({counts}), batches of {args.batch}", flush=True)
-    names = list_reward_names()
     funcs = get_reward_funcs(names, overlong_max_length=1024, overlong_buffer=256)
-    guarded = guard_rewards(funcs, 60.0)
-    results = {}
-    figures = []
-    for name, plain, safe in zip(names, funcs, guarded):
+    results, figures = {}, []
+    for name, plain, safe in zip(names, funcs, guard_rewards(funcs, 60.0)):
         # Warm-up: first calls import and build parser state (math-verify, sympy).
-        score_all(plain, completions[:100], solutions[:100], completion_ids[:100], args.batch)
-        times = {"unguarded": [], "guarded": []}
-        for rep in range(args.repeats):
-            order = (("unguarded", plain), ("guarded", safe))
-            for variant, func in order if rep % 2 == 0 else order[::-1]:
-                mix = build_mix(args.completions, seed=next(seeds))[:3]
-                times[variant].append(score_all(func, *mix, args.batch))
+        plain(completions[:100], **{k: v[:100] for k, v in keywords.items()})
+        times = time_reward(plain, make_mix, args.batch, args.repeats, safe)
         med = {variant: statistics.median(values) for variant, values in times.items()}
-        rate = n / med["unguarded"]
-        calls = -(-n // args.batch)
+        rate, calls = n / med["unguarded"], -(-n // args.batch)
         guard_us = 1e6 * (med["guarded"] - med["unguarded"]) / calls
         results[name] = {
             "seconds": times,
@@ -138,17 +162,54 @@ def main(argv: list[str] | None = None) -> int:
             "guard_overhead_us_per_call": guard_us,
             "us_per_completion": 1e6 * med["unguarded"] / n,
         }
-        figs = [
-            figure(
-                f"reward {name}: throughput",
-                rate,
-                "completions/s",
-                note=f"{1e6 / rate:.1f} us per completion; guarded {n / med['guarded']:,.0f}/s "
-                f"(guard {guard_us:+.1f} us per call of {args.batch})",
-            ),
-        ]
-        print_figures(figs)
-        figures += figs
+        note = (
+            f"{1e6 / rate:.1f} us per completion; guarded {n / med['guarded']:,.0f}/s "
+            f"(guard {guard_us:+.1f} us per call of {args.batch})"
+        )
+        figures.append(throughput_figure(name, rate, note))
+    return results, figures, {"completions": n}
+
+
+def bench_code_rewards(args) -> tuple[dict, list]:
+    """Throughput of the rewards that run the program in the sandbox (default settings)."""
+    from maxent_grpo.rewards import get_reward_funcs
+
+    def make_mix():
+        return build_code_mix(args.code_completions, seed=0)
+
+    n = args.code_completions
+    results, figures = {}, []
+    for name, func in zip(CODE_REWARDS, get_reward_funcs(list(CODE_REWARDS))):
+        times = time_reward(func, make_mix, args.batch, args.repeats)["unguarded"]
+        rate = n / statistics.median(times)
+        results[name] = {"seconds": times, "completions_per_s": rate}
+        note = (
+            f"{1e3 / rate:.0f} ms per completion (sandboxed python -I runs, "
+            f"{func.workers} at a time); mix: {', '.join(CODE_KINDS)}"
+        )
+        figures.append(throughput_figure(name, rate, note))
+    return results, figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--completions", type=int, default=2000, help="completions in the mix")
+    parser.add_argument(
+        "--batch", type=int, default=20, help="completions per reward call (4 prompts x 5)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per variant")
+    parser.add_argument(
+        "--code-completions", type=int, default=40, help="completions in the code rewards' mix"
+    )
+    args = parser.parse_args(argv)
+
+    from maxent_grpo.rewards import list_reward_names
+
+    measurement = Measurement("rewards", args.output)
+    counts = build_mix(args.completions, seed=0)[3]
+    print(f"reward throughput: {counts}, batches of {args.batch}", flush=True)
+    names = [name for name in list_reward_names() if name not in CODE_REWARDS]
+    results, figures, _ = bench_text_rewards(names, args)
     # The guard's cost does not depend on the reward: one figure, the median over rewards
     # (per-reward differences of a few us are timing noise next to math-verify's ms).
     guard = statistics.median(r["guard_overhead_us_per_call"] for r in results.values())
@@ -162,25 +223,20 @@ def main(argv: list[str] | None = None) -> int:
         )
     ]
     print_figures(figs)
-    figures += figs
-    write_result(
-        "rewards",
-        {
-            "figures": figures,
-            "rewards": results,
-            "mix": counts,
-            "load_average": {"before": load_before, "after": loadavg()},
-            "settings": {
-                "completions": n,
-                "batch": args.batch,
-                "repeats": args.repeats,
-                "overlong_max_length": 1024,
-                "overlong_buffer": 256,
-            },
-            "machine": machine(),
-            "wall_s": time.monotonic() - started,
-        },
-        args.output,
+    code_results, code_figures = bench_code_rewards(args)
+    settings = {
+        "completions": args.completions,
+        "code_completions": args.code_completions,
+        "batch": args.batch,
+        "repeats": args.repeats,
+        "overlong_max_length": 1024,
+        "overlong_buffer": 256,
+    }
+    measurement.finish(
+        figures + figs + code_figures,
+        settings,
+        rewards={**results, **code_results},
+        mix=counts,
     )
     return 0
 

@@ -12,11 +12,11 @@ itself for a figure that is a ratio; `met` is None for figures without a target.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -62,29 +64,49 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+def write_recipe(base: Path, path: Path, **overrides) -> Path:
+    """A copy of the recipe `base` at `path`, with some keys set."""
+    recipe = yaml.safe_load(base.read_text())
+    recipe.update(overrides)
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
 
 
-def accelerate_cpu_launch(processes: int, port: int) -> list[str]:
-    """`accelerate launch` exactly as the launcher plans it for CPU training (plan._cpu_plan)."""
-    cmd = [PYTHON, "-m", "accelerate.commands.launch"]
-    if processes > 1:
-        cmd.append("--multi_gpu")
-    return cmd + [
-        "--num_processes",
-        str(processes),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(port),
-    ]
+@dataclass(frozen=True)
+class PlannedTraining:
+    """The launcher's training command (make_plan), cut where the method's entry point stands."""
+
+    launch: tuple[str, ...]  # `accelerate launch` and its flags, as planned
+    entry: tuple[str, ...]  # the method's entry point (src/grpo.py)
+    args: tuple[str, ...]  # --config RECIPE and the overrides
+    env: dict[str, str]  # what the plan sets for training
+
+    def with_entry(self, *entry: str) -> list[str]:
+        """The same command with another entry point (the bare TRL script, a wrapper)."""
+        return [*self.launch, *entry, *self.args]
+
+
+def planned_training(
+    recipe: Path, processes: int = 2, overrides: Sequence[str] = ()
+) -> PlannedTraining:
+    """What `maxent-grpo run --config RECIPE -- OVERRIDES` starts to train on this machine's
+    CPU with `processes` processes: the product's own plan (maxent_grpo.launch.plan.make_plan),
+    with a port the OS says is free, as the launcher picks it."""
+    from maxent_grpo.launch.plan import Environment, Ports, make_plan
+    from maxent_grpo.launch.processes import free_port
+    from maxent_grpo.methods import METHODS
+    from maxent_grpo.recipe import read_recipe
+
+    keys = read_recipe(["--config", str(recipe), *overrides])
+    environment = Environment(gpus=(), cpu_processes=processes, python=PYTHON)
+    train = make_plan(environment, keys, Ports(main_process=free_port())).train
+    entry = METHODS[keys.method].entry()
+    command = train.command
+    for start in range(len(command) - len(entry) + 1):
+        if command[start : start + len(entry)] == entry:
+            end = start + len(entry)
+            return PlannedTraining(command[:start], entry, command[end:], dict(train.env))
+    raise RuntimeError(f"entry point {entry} not in the planned command {command}")
 
 
 @dataclass
@@ -230,3 +252,35 @@ def write_result(name: str, payload: dict, output: Path | None = None) -> Path:
     path.write_text(json.dumps({"name": name, **payload}, indent=2) + "\n")
     print(f"results: {path}", flush=True)
     return path
+
+
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's command line: its docstring's first line, and --output."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument(
+        "--output", type=Path, default=None, help="JSON results file (default: bench/results/)"
+    )
+    return parser
+
+
+class Measurement:
+    """One benchmark run: the load average and the clock at its start, its result at the end."""
+
+    def __init__(self, name: str, output: Path | None = None):
+        self.name = name
+        self.output = output
+        self.load_before = loadavg()
+        self.started = time.monotonic()
+
+    def finish(self, figures: list[dict], settings: dict, **extra) -> Path:
+        """Write bench/results/<name>.json (or --output): the figures, `extra` sections, the
+        load average before and after, the settings, the machine and the wall time."""
+        payload = {
+            "figures": figures,
+            **extra,
+            "load_average": {"before": self.load_before, "after": loadavg()},
+            "settings": settings,
+            "machine": machine(),
+            "wall_s": time.monotonic() - self.started,
+        }
+        return write_result(self.name, payload, self.output)

@@ -3,9 +3,12 @@
     .venv/bin/python bench/launcher_phases.py RECIPE LOGS_DIR
 
 Run by bench/bench_launcher.py. Does what `maxent-grpo run` does before the trainers start,
-in the same order, timing each phase by wrapping the functions prepare() calls (the product
-code is not changed), then times the trainer-side checks of src/grpo.py (parse_and_check) next
-to what a bare TRL script does instead (yaml + trl.GRPOConfig). Prints one JSON object.
+in the same order (maxent_grpo.launch.launcher.prepare, then the Popen of a child), timing each
+phase by wrapping, for the call only, the functions prepare() calls (the product code is not
+changed; prepare() imports no torch, TRL or datasets: `launcher_heavy_modules` lists any that
+were, and must stay empty), then times the trainer-side parse and checks of src/grpo.py
+(parse_recipe + check_recipe for the planned world size) next to what a bare TRL script does
+instead (yaml + trl.GRPOConfig). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -14,98 +17,135 @@ import time
 
 _T0 = time.perf_counter()
 
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 
-def main() -> None:
-    recipe, logs_dir = sys.argv[1], Path(sys.argv[2])
-    phases: dict[str, float] = {}
+def time_imports(phases: dict[str, float]) -> None:
+    """The launcher's imports, in the order the console script and prepare() make them."""
+    for label, module in (
+        ("import maxent_grpo.cli", "maxent_grpo.cli"),
+        ("import maxent_grpo.launch.launcher", "maxent_grpo.launch.launcher"),
+        ("import maxent_grpo.recipe (schema reader, no TRL)", "maxent_grpo.recipe"),
+        ("import maxent_grpo.recipe.checks", "maxent_grpo.recipe.checks"),
+    ):
+        start = time.perf_counter()
+        importlib.import_module(module)
+        phases[label] = time.perf_counter() - start
 
-    t = time.perf_counter()
-    import maxent_grpo.cli  # noqa: F401  (what the console script imports first)
 
-    phases["import maxent_grpo.cli"] = time.perf_counter() - t
-    t = time.perf_counter()
-    import maxent_grpo.launch.launcher as launcher
+def timers():
+    """(module, function name, label) of every phase prepare() goes through."""
+    from maxent_grpo.launch import launcher
+    from maxent_grpo.recipe import checks
 
-    phases["import launcher (configs: torch, transformers, trl)"] = time.perf_counter() - t
+    return [
+        (launcher, "read_recipe", "prepare: read_recipe (YAML, schema keys, types, ranges)"),
+        (launcher, "check_installed", "prepare: check_installed"),
+        (launcher, "ensure_tiny_model", "prepare: ensure_tiny_model (cached)"),
+        (launcher, "free_port", "prepare: free ports"),
+        (launcher, "environment_from_os", "prepare: environment"),
+        (launcher, "make_plan", "prepare: make_plan"),
+        (checks, "batch_for_processes", "prepare: batch arithmetic"),
+        (checks, "check_model_path", "prepare: check_model_path"),
+        (checks, "check_output_dir", "prepare: check_output_dir"),
+        (launcher, "check_keys", "prepare: check_keys (total)"),
+    ]
 
-    from maxent_grpo import configs, data, preflight
 
-    def timed(module, name: str, label: str) -> None:
+@contextlib.contextmanager
+def timed_phases(phases: dict[str, float]):
+    """Wrap every timer's function to add its time to phases[label]; unwrap on the way out."""
+    originals = []
+    for module, name, label in timers():
         original = getattr(module, name)
+        originals.append((module, name, original))
 
-        def wrapper(*args, **kwargs):
+        def wrapper(*args, _original=original, _label=label, **kwargs):
             start = time.perf_counter()
             try:
-                return original(*args, **kwargs)
+                return _original(*args, **kwargs)
             finally:
-                phases[label] = phases.get(label, 0.0) + time.perf_counter() - start
+                phases[_label] = phases.get(_label, 0.0) + time.perf_counter() - start
 
         setattr(module, name, wrapper)
+    try:
+        yield
+    finally:
+        for module, name, original in originals:
+            setattr(module, name, original)
 
-    timed(configs, "recipe_values", "prepare: recipe_values (YAML, key/type check)")
-    timed(launcher, "ensure_tiny_model", "prepare: ensure_tiny_model (cached)")
-    timed(launcher, "free_port", "prepare: free ports")
-    timed(launcher, "environment_from_os", "prepare: environment")
-    timed(launcher, "make_plan", "prepare: make_plan")
-    timed(launcher, "_cuda_here", "prepare: torch.cuda.is_available")
-    timed(configs, "parse_recipe", "prepare: parse_recipe (dataclasses, planned world size)")
-    timed(preflight, "check_rewards", "prepare: preflight check_rewards")
-    timed(data, "preflight_columns", "prepare: preflight dataset columns")
-    timed(preflight, "check_output_dir", "prepare: preflight output_dir")
-    timed(preflight, "check_recipe", "prepare: preflight check_recipe (total)")
-    timed(preflight, "check_launch", "prepare: check_launch")
 
-    options = launcher.LaunchOptions(recipe=recipe, logs_dir=logs_dir)
-    t = time.perf_counter()
-    plan, _parsed = launcher.prepare(options)
-    phases["prepare (total)"] = time.perf_counter() - t
-    t = time.perf_counter()
-    describe = plan.describe()
-    phases["plan.describe"] = time.perf_counter() - t
-
-    # Process start: the Popen of a child, as launcher.Child does it (own session, log file).
+def launcher_part(recipe: str, logs_dir: Path, phases: dict[str, float]):
+    """prepare() phase by phase, then the Popen of a child as the launcher's Child does it
+    (own session, log file). Returns the plan and the launcher's time up to the Popen."""
+    from maxent_grpo.launch import launcher
     from maxent_grpo.launch.processes import Child
 
-    t = time.perf_counter()
+    with timed_phases(phases):
+        start = time.perf_counter()
+        prepared = launcher.prepare(launcher.RunRequest(recipe=recipe, logs_dir=logs_dir))
+        phases["prepare (total)"] = time.perf_counter() - start
+    start = time.perf_counter()
+    describe = prepared.plan.describe()
+    phases["plan.describe"] = time.perf_counter() - start
+    start = time.perf_counter()
     child = Child("probe", [sys.executable, "-c", "pass"], logs_dir / "probe.log")
-    phases["process start (Child Popen)"] = time.perf_counter() - t
+    phases["process start (Child Popen)"] = time.perf_counter() - start
     launcher_total = time.perf_counter() - _T0  # the launcher's part ends with the Popen
     child.wait()
+    heavy = sorted({"torch", "trl", "transformers", "datasets", "peft"} & set(sys.modules))
+    return prepared.plan, describe, launcher_total, heavy
 
-    # Trainer side, on every rank: our parse + checks, against a bare script's config build.
-    os.environ[configs.PLANNED_WORLD_SIZE_ENV] = str(plan.train.num_processes)
-    from maxent_grpo.train.entry import parse_and_check
 
-    t = time.perf_counter()
-    parse_and_check(["--config", recipe])
-    trainer_ours = time.perf_counter() - t
+def trainer_part(recipe: str, world_size: int) -> tuple[float, float]:
+    """Every rank's parse + checks (as maxent_grpo.train.entry.cli_main makes them), against a
+    bare script's config build; the imports are already paid."""
     import dataclasses
 
     import trl
     import yaml
 
-    t = time.perf_counter()
+    from maxent_grpo.recipe import parse_recipe
+    from maxent_grpo.recipe.checks import check_recipe
+
+    # The launcher no longer imports TRL: pay the trainers' imports (which a bare script pays
+    # too) with one untimed call, then time the parse and checks themselves.
+    check_recipe(parse_recipe(["--config", recipe], None, world_size))
+    start = time.perf_counter()
+    check_recipe(parse_recipe(["--config", recipe], None, world_size))
+    ours = time.perf_counter() - start
+    start = time.perf_counter()
     raw = yaml.safe_load(Path(recipe).read_text())
     names = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     trl.GRPOConfig(**{k: v for k, v in raw.items() if k in names})
-    trainer_bare = time.perf_counter() - t
+    bare = time.perf_counter() - start
+    return ours, bare
 
-    print(
-        json.dumps(
-            {
-                "phases_s": phases,
-                "launcher_in_process_s": launcher_total,
-                "trainer_parse_and_check_s": trainer_ours,
-                "bare_config_s": trainer_bare,
-                "plan": describe,
-            }
-        )
-    )
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recipe", help="recipe YAML")
+    parser.add_argument("logs_dir", type=Path, help="where the probe child writes its log")
+    args = parser.parse_args(argv)
+
+    phases: dict[str, float] = {}
+    time_imports(phases)
+    plan, describe, launcher_total, heavy = launcher_part(args.recipe, args.logs_dir, phases)
+    trainer_ours, trainer_bare = trainer_part(args.recipe, plan.train.num_processes)
+    result = {
+        "phases_s": phases,
+        "launcher_in_process_s": launcher_total,
+        "launcher_heavy_modules": heavy,  # must stay empty
+        "trainer_parse_and_check_s": trainer_ours,
+        "bare_config_s": trainer_bare,
+        "plan": describe,
+    }
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -138,6 +138,9 @@ def _time_reward_guard() -> None:
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
+    if sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return
     script = os.path.abspath(sys.argv[1])
     sys.argv = [script, *sys.argv[2:]]
     sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` would have it

@@ -59,6 +59,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
     "maxent_reference",  # docs/_ext: generates reference/generated/*.rst
+    "migration_reference",  # docs/_ext: the open-r1 key tables (coming-from-open-r1.md)
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}

@@ -1,4 +1,4 @@
-"""GRPO training entry point.
+"""GRPO training entry point (a thin shim over `python -m maxent_grpo.train --method grpo`).
 
 python src/grpo.py --config recipes/<model>/grpo/config_<task>.yaml [--key value ...]
 """
@@ -8,4 +8,4 @@ import sys
 from maxent_grpo.train.entry import cli_main
 
 if __name__ == "__main__":
-    sys.exit(cli_main(sys.argv[1:]))
+    sys.exit(cli_main(sys.argv[1:], method="grpo"))

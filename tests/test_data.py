@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import operator
 import time
-from types import SimpleNamespace
 
 import datasets
 import pyarrow as pa
@@ -15,6 +15,7 @@ import pytest
 
 from maxent_grpo import data
 from maxent_grpo.data import DataError, DatasetMixture, MixtureEntry
+from maxent_grpo.recipe.keys import ScriptArguments
 
 
 @pytest.fixture(autouse=True)
@@ -25,21 +26,8 @@ def _offline_cache(tmp_path, monkeypatch):
 
 
 def make_args(**overrides):
-    """The attributes load_datasets reads, with the documented defaults."""
-    args = {
-        "dataset_name": None,
-        "dataset_config": None,
-        "dataset_train_split": "train",
-        "dataset_test_split": None,
-        "dataset_mixture": None,
-        "dataset_prompt_column": "problem",
-        "dataset_answer_column": "solution",
-        "system_prompt": None,
-        "dataset_num_rows": 64,
-        "dataset_seed": 0,
-    }
-    args.update(overrides)
-    return SimpleNamespace(**args)
+    """The recipe's data keys: ScriptArguments' defaults (few generated rows), then overrides."""
+    return dataclasses.replace(ScriptArguments(), **{"dataset_num_rows": 64, **overrides})
 
 
 ROWS = [{"problem": f"What is {i} + 1?", "solution": i + 1, "level": i % 3} for i in range(10)]
@@ -126,9 +114,9 @@ def test_builtin_is_fast():
 
 def test_builtin_errors():
     with pytest.raises(DataError, match="builtin:arithmetic"):
-        data.builtin_dataset("algebra")
+        data.builtin_dataset("algebra", num_rows=8, seed=0)
     with pytest.raises(DataError, match="dataset_num_rows"):
-        data.builtin_dataset("arithmetic", num_rows=0)
+        data.builtin_dataset("arithmetic", num_rows=0, seed=0)
 
 
 def test_load_builtin_by_name():

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
+from helpers.recipes import SMOKE_MAXENT, write_recipe
 from maxent_grpo.tiny_model import build_tiny_model
 from maxent_grpo.train.checkpoints import RUN_MARKER, last_complete_checkpoint
 
@@ -43,13 +43,16 @@ def _env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
-def write_recipe(path: Path, tiny_model: Path, output_dir: Path, **changes) -> Path:
-    """The smoke recipe with the tiny model, an output dir and some keys changed (None drops)."""
-    recipe = yaml.safe_load(SMOKE_RECIPE.read_text())
-    recipe.update(model_name_or_path=str(tiny_model), output_dir=str(output_dir), **changes)
-    recipe = {k: v for k, v in recipe.items() if v is not None}
-    path.write_text(yaml.safe_dump(recipe))
-    return path
+def maxent_recipe(path: Path, tiny_model: Path, output_dir: Path, **changes) -> Path:
+    """The MaxEnt smoke recipe with the tiny model, an output dir and some keys changed."""
+    return write_recipe(
+        path.parent,
+        base=SMOKE_MAXENT,
+        name=path.name,
+        model_name_or_path=str(tiny_model),
+        output_dir=str(output_dir),
+        **changes,
+    )
 
 
 def train(recipe: Path, *flags: str) -> None:
@@ -181,7 +184,7 @@ def test_resuming_a_checkpoint_without_controller_state_is_a_user_error(trainer,
 def test_maxent_raises_a_climbable_reward(tiny_model, tmp_path):
     """30 steps on the fraction-of-digits reward: the mean reward must rise clearly."""
     out = tmp_path / "out"
-    recipe = write_recipe(
+    recipe = maxent_recipe(
         tmp_path / "learn.yaml",
         tiny_model,
         out,
@@ -214,8 +217,8 @@ def test_resume_matches_an_uninterrupted_run(tiny_model, tmp_path):
     """
     steps = {"max_steps": 6, "save_steps": 3, "save_total_limit": None}
     full, part = tmp_path / "full", tmp_path / "part"
-    train(write_recipe(tmp_path / "full.yaml", tiny_model, full, **steps))
-    part_recipe = write_recipe(tmp_path / "part.yaml", tiny_model, part, **steps)
+    train(maxent_recipe(tmp_path / "full.yaml", tiny_model, full, **steps))
+    part_recipe = maxent_recipe(tmp_path / "part.yaml", tiny_model, part, **steps)
     train(part_recipe, "--max_steps", "3")
     assert last_complete_checkpoint(part) == part / "checkpoint-3"
     (part / RUN_MARKER).unlink()  # as if the job had been stopped right after the checkpoint

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from maxent_grpo.configs import ConfigError, parse_recipe
-from maxent_grpo.maxent.config import MAXENT_TYPES, MaxEntConfig
+from maxent_grpo.maxent.config import MaxEntConfig
 from maxent_grpo.maxent.controllers import KLController, TauController
 from maxent_grpo.maxent.weights import (
     informative_groups,
@@ -20,6 +19,7 @@ from maxent_grpo.maxent.weights import (
     weight_stats,
     weighted_policy_loss,
 )
+from maxent_grpo.recipe import ConfigError, parse_recipe
 
 K = 4
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -325,7 +325,6 @@ def test_init_kl_coeff_sets_trls_beta():
         ({"kl_target": 0.1}, "kl_horizon"),
         ({"kl_horizon": 100}, "kl_target"),
         ({"kl_target": 0.1, "kl_horizon": 100}, "init_kl_coeff"),
-        ({"kl_target": 0.1, "kl_horizon": 2, "init_kl_coeff": 0.1}, "kl_horizon"),
         ({"kl_target": -1.0, "kl_horizon": 100, "init_kl_coeff": 0.1}, "kl_target"),
         ({"maxent_tau_lr": 0.1}, "maxent_tau_lr"),
         ({"maxent_tau_max": 10.0}, "maxent_tau_max"),
@@ -355,16 +354,16 @@ def test_tau_controller_defaults_fill_in():
     )
 
 
-def test_recipes_parse(monkeypatch):
-    monkeypatch.setenv("MAXENT_GRPO_PLANNED_WORLD_SIZE", "2")
-    smoke = parse_recipe(["--config", str(RECIPES / "smoke/config_maxent.yaml")], MAXENT_TYPES)[1]
+def test_recipes_parse():
+    smoke = parse_recipe(["--config", str(RECIPES / "smoke/config_maxent.yaml")], world_size=2)
+    assert isinstance(smoke.training, MaxEntConfig) and smoke.method == "maxent"
+    smoke = smoke.training
     assert smoke.beta == smoke.init_kl_coeff > 0 and smoke.kl_target is not None
     cluster = parse_recipe(
         ["--config", str(RECIPES / "Qwen2.5-1.5B-Instruct/maxent-grpo/config_math.yaml")]
         + ["--use_cpu", "true", "--bf16", "false"],
-        MAXENT_TYPES,
         world_size=7,
-    )[1]
+    ).training
     assert cluster.generation_batch_size == 16 * 7 * 4
     assert cluster.beta == cluster.init_kl_coeff
 
@@ -373,4 +372,16 @@ def test_recipe_error_names_the_file(tmp_path):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text("output_dir: /tmp/x\nuse_cpu: true\nbf16: false\nmaxent_q_epsilon: 0.5\n")
     with pytest.raises(ConfigError, match=r"^.*bad\.yaml: maxent_q_epsilon: 0\.5"):
-        parse_recipe(["--config", str(recipe)], MAXENT_TYPES, world_size=1)
+        parse_recipe(["--config", str(recipe)], "maxent", world_size=1)
+
+
+def test_kl_horizon_is_checked_for_the_planned_processes(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "output_dir: /tmp/x\nuse_cpu: true\nbf16: false\nper_device_train_batch_size: 8\n"
+        "num_generations: 8\ninit_kl_coeff: 0.1\nkl_target: 0.05\nkl_horizon: 16\n"
+    )
+    argv = ["--config", str(recipe)]
+    assert parse_recipe(argv, "maxent", world_size=2).training.kl_horizon == 16
+    with pytest.raises(ConfigError, match="kl_horizon: 16: below the 24 completions"):
+        parse_recipe(argv, "maxent", world_size=3)

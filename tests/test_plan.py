@@ -11,21 +11,26 @@ from pathlib import Path
 
 import pytest
 
+from helpers.recipes import SMOKE_VLLM, write_recipe
 from maxent_grpo.launch.plan import (
     Environment,
-    LaunchRequest,
     PlanError,
     Ports,
     make_plan,
     parse_visible_devices,
 )
+from maxent_grpo.methods import METHODS
+from maxent_grpo.recipe import RecipeKeys, read_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 PORTS = Ports(vllm=18000, vllm_group=151216, main_process=29555)
-GRPO = LaunchRequest(recipe="r.yaml", entry_script="src/grpo.py", model="org/model")
-SERVER = dataclasses.replace(GRPO, use_vllm=True, vllm_mode="server")
-COLOCATE = dataclasses.replace(GRPO, use_vllm=True, vllm_mode="colocate")
-CPU_SERVER = dataclasses.replace(SERVER, vllm_server_device="cpu", vllm_weight_sync="disk")
+# Every key at its one default (no recipe file), as the plan reads them.
+GRPO = dataclasses.replace(read_recipe([]), path="r.yaml").with_values(
+    model_name_or_path="org/model"
+)
+SERVER = GRPO.with_values(use_vllm=True, vllm_mode="server")
+COLOCATE = GRPO.with_values(use_vllm=True, vllm_mode="colocate")
+CPU_SERVER = SERVER.with_values(vllm_server_device="cpu", vllm_weight_sync="disk")
 
 
 def gpus(n: int) -> tuple[str, ...]:
@@ -42,7 +47,7 @@ def flag(command, name: str) -> str:
     return command[command.index(name) + 1]
 
 
-def plan_error(environment: Environment, req: LaunchRequest) -> str:
+def plan_error(environment: Environment, req: RecipeKeys) -> str:
     with pytest.raises(PlanError) as info:
         make_plan(environment, req, PORTS)
     message = str(info.value)
@@ -94,11 +99,11 @@ def test_without_server_every_gpu_trains(n, req):
     assert flag(cmd, "--num_processes") == str(n)
     assert ("--multi_gpu" in cmd) == (n > 1)
     assert "--vllm_server_host" not in cmd
-    assert cmd[-3:] == ("src/grpo.py", "--config", "r.yaml")
+    assert cmd[-3:] == (*METHODS["grpo"].entry(), "--config", "r.yaml")
 
 
 def test_external_server_plans_no_server_and_trains_on_every_gpu():
-    req = dataclasses.replace(SERVER, vllm_server_base_url="http://vllm-box:8000")
+    req = SERVER.with_values(vllm_server_base_url="http://vllm-box:8000")
     plan = make_plan(env(4), req, PORTS)
     assert plan.server is None
     assert plan.external_server == "http://vllm-box:8000"
@@ -112,7 +117,7 @@ def test_external_server_plans_no_server_and_trains_on_every_gpu():
 @pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize("n", range(1, 9))
 def test_server_takes_tp_gpus_and_the_rest_train(n, tp):
-    req = dataclasses.replace(SERVER, vllm_tensor_parallel_size=tp)
+    req = SERVER.with_values(vllm_tensor_parallel_size=tp)
     if n <= tp:
         message = plan_error(env(n), req)
         assert f"needs {tp} GPU(s) for vLLM plus at least one to train" in message or (
@@ -134,7 +139,7 @@ def test_too_few_gpus_is_one_clear_line():
     message = plan_error(env(1), SERVER)
     assert "needs 1 GPU(s) for vLLM plus at least one to train" in message
     assert "request 2+ GPUs, or set vllm_mode: colocate" in message
-    message = plan_error(env(2), dataclasses.replace(SERVER, vllm_tensor_parallel_size=4))
+    message = plan_error(env(2), SERVER.with_values(vllm_tensor_parallel_size=4))
     assert "vllm_tensor_parallel_size: 4 but each node has 2 GPU(s) (0,1)" in message
 
 
@@ -184,12 +189,11 @@ def test_server_command_has_the_flags_trl_needs():
 
 
 def test_recipe_keys_reach_the_server_command():
-    req = dataclasses.replace(
-        SERVER,
-        vllm_gpu_memory_utilization=0.5,
+    req = SERVER.with_values(
+        vllm_server_gpu_memory_utilization=0.5,
         vllm_server_dtype="bfloat16",
         vllm_server_enforce_eager=True,
-        max_model_len=4096,
+        vllm_max_model_length=4096,
         model_revision="abc123",
         trust_remote_code=True,
         vllm_server_timeout=77,
@@ -211,8 +215,8 @@ def test_nccl_sync_wiring_stand_in_no_cuda():
     Server: TRL's NCCL weight-transfer engine and dev mode; trainer: the group port; the
     trainer-side check accepts nccl only with CUDA.
     """
-    from maxent_grpo.configs import parse_recipe
     from maxent_grpo.errors import UserError
+    from maxent_grpo.recipe import parse_recipe
     from maxent_grpo.train.vllm_sync import check_weight_sync
 
     plan = make_plan(env(8), SERVER, PORTS)
@@ -223,9 +227,9 @@ def test_nccl_sync_wiring_stand_in_no_cuda():
     assert "weight sync nccl (group port 151216)" in plan.describe()
 
     recipe = REPO / "recipes" / "Qwen2.5-1.5B-Instruct" / "grpo" / "config_math.yaml"
-    _, training_args, _, _ = parse_recipe(
+    training_args = parse_recipe(
         ["--config", str(recipe), "--use_cpu", "true", "--bf16", "false"], world_size=7
-    )
+    ).training
     assert training_args.vllm_mode == "server" and training_args.vllm_weight_sync == "nccl"
     training_args.use_cpu = False
     assert check_weight_sync(training_args, cuda_available=True) == "nccl"
@@ -234,21 +238,21 @@ def test_nccl_sync_wiring_stand_in_no_cuda():
 
 
 def test_disk_sync_on_gpu_has_no_nccl_engine():
-    plan = make_plan(env(2), dataclasses.replace(SERVER, vllm_weight_sync="disk"), PORTS)
+    plan = make_plan(env(2), SERVER.with_values(vllm_weight_sync="disk"), PORTS)
     assert "--weight-transfer-config" not in plan.server.command
     assert plan.server.env["VLLM_SERVER_DEV_MODE"] == "1"
     assert "weight sync disk" in plan.describe() and "group port" not in plan.describe()
 
 
 def test_num_processes_limits_training():
-    plan = make_plan(env(8), dataclasses.replace(SERVER, num_processes=4), PORTS)
+    plan = make_plan(env(8), SERVER.with_values(num_processes=4), PORTS)
     assert plan.train.num_processes == 4
-    message = plan_error(env(4), dataclasses.replace(SERVER, num_processes=4))
+    message = plan_error(env(4), SERVER.with_values(num_processes=4))
     assert "num_processes: 4 but only 3 GPU(s) are left for training" in message
 
 
 def test_accelerate_config_replaces_multi_gpu():
-    req = dataclasses.replace(SERVER, accelerate_config="recipes/accelerate_configs/zero2.yaml")
+    req = SERVER.with_values(accelerate_config="recipes/accelerate_configs/zero2.yaml")
     cmd = make_plan(env(8), req, PORTS).train.command
     assert flag(cmd, "--config_file") == "recipes/accelerate_configs/zero2.yaml"
     assert "--multi_gpu" not in cmd
@@ -268,7 +272,7 @@ def srun_parts(command) -> tuple[list[str], list[str]]:
 @pytest.mark.parametrize("nodes", [1, 2, 4])
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_multi_node_vllm_on_first_node_training_on_the_others(nodes, tp):
-    req = dataclasses.replace(SERVER, vllm_tensor_parallel_size=tp)
+    req = SERVER.with_values(vllm_tensor_parallel_size=tp)
     plan = make_plan(env(8, nodes=nodes), req, PORTS)
     assert plan.server.node == ("localhost" if nodes == 1 else "node0")
     assert plan.server.gpus == gpus(8)[:tp]
@@ -324,12 +328,12 @@ def test_multi_node_machine_rank_is_each_tasks_rank(tmp_path):
 
 
 def test_multi_node_tp_larger_than_a_node_is_an_error():
-    message = plan_error(env(4, nodes=2), dataclasses.replace(SERVER, vllm_tensor_parallel_size=8))
+    message = plan_error(env(4, nodes=2), SERVER.with_values(vllm_tensor_parallel_size=8))
     assert "vllm_tensor_parallel_size: 8 but each node has 4 GPU(s)" in message
 
 
 def test_multi_node_num_processes_must_divide_over_nodes():
-    message = plan_error(env(8, nodes=3), dataclasses.replace(SERVER, num_processes=15))
+    message = plan_error(env(8, nodes=3), SERVER.with_values(num_processes=15))
     assert "does not divide evenly over the 2 training nodes" in message
 
 
@@ -344,13 +348,37 @@ def test_cpu_without_vllm():
     assert "--multi_gpu" in plan.train.command  # gloo on CPU needs it for 2 processes
 
 
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_cpu_training_across_nodes_one_process_per_node(nodes):
+    plan = make_plan(env(0, nodes=nodes), GRPO, PORTS)
+    assert plan.train.nodes == tuple(f"node{i}" for i in range(nodes))
+    assert plan.train.num_processes == nodes and plan.train.num_machines == nodes
+    options, per_node = srun_parts(plan.train.command)
+    assert f"--nodes={nodes}" in options and "--ntasks-per-node=1" in options
+    assert flag(per_node, "--num_machines") == str(nodes)
+    assert flag(per_node, "--main_process_ip") == "node0"
+    assert flag(per_node, "--machine_rank") == "$SLURM_PROCID"
+    assert "--multi_gpu" in per_node  # gloo
+
+
+def test_cpu_server_has_the_first_node_and_the_others_train():
+    plan = make_plan(env(0, nodes=3), CPU_SERVER, PORTS)
+    assert plan.server.node == "node0" and plan.train.nodes == ("node1", "node2")
+    options, per_node = srun_parts(plan.train.command)
+    assert "--relative=1" in options and "--nodes=2" in options
+    assert flag(per_node, "--main_process_ip") == "node1"
+    assert flag(per_node, "--vllm_server_host") == "node0"
+    uneven = CPU_SERVER.with_values(num_processes=3)
+    assert "use a multiple of 2" in plan_error(env(0, nodes=3), uneven)
+
+
 def test_cpu_server_needs_an_opt_in():
     message = plan_error(env(0), SERVER)
     assert "vllm_server_device: cpu and vllm_weight_sync: disk" in message
 
 
 def test_cpu_server_plan():
-    plan = make_plan(env(0), dataclasses.replace(CPU_SERVER, num_processes=1), PORTS)
+    plan = make_plan(env(0), CPU_SERVER.with_values(num_processes=1), PORTS)
     assert plan.device == "cpu"
     assert plan.server.device == "cpu" and plan.server.gpus == ()
     assert plan.server.env == {"CUDA_VISIBLE_DEVICES": "", "VLLM_SERVER_DEV_MODE": "1"}
@@ -363,13 +391,13 @@ def test_cpu_server_plan():
 
 
 def test_cpu_server_with_nccl_is_an_error():
-    req = dataclasses.replace(SERVER, vllm_server_device="cpu")
+    req = SERVER.with_values(vllm_server_device="cpu")
     assert "set vllm_weight_sync: disk" in plan_error(env(0), req)
     assert "set vllm_weight_sync: disk" in plan_error(env(4), req)
 
 
 def test_cpu_server_tp_must_be_one():
-    req = dataclasses.replace(CPU_SERVER, vllm_tensor_parallel_size=2)
+    req = CPU_SERVER.with_values(vllm_tensor_parallel_size=2)
     assert "set it to 1" in plan_error(env(0), req)
 
 
@@ -377,23 +405,6 @@ def test_cpu_server_leaves_every_gpu_to_training():
     plan = make_plan(env(4), CPU_SERVER, PORTS)
     assert plan.server.device == "cpu" and plan.server.env["CUDA_VISIBLE_DEVICES"] == ""
     assert plan.device == "gpu" and plan.train.gpus == gpus(4)
-
-
-# --- bad values -----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "change, expected",
-    [
-        ({"vllm_mode": "remote"}, "vllm_mode: 'remote'; must be one of colocate, server"),
-        ({"vllm_server_device": "tpu"}, "vllm_server_device: 'tpu'; must be one of gpu, cpu"),
-        ({"vllm_weight_sync": "rsync"}, "vllm_weight_sync: 'rsync'; must be one of nccl, disk"),
-        ({"vllm_tensor_parallel_size": 0}, "vllm_tensor_parallel_size: 0; must be 1 or more"),
-        ({"vllm_server_timeout": 0}, "vllm_server_timeout: 0; must be a positive number"),
-    ],
-)
-def test_bad_values_are_one_line(change, expected):
-    assert expected in plan_error(env(4), dataclasses.replace(SERVER, **change))
 
 
 # --- the edges: environment and `maxent-grpo plan` ------------------------------------------
@@ -442,13 +453,7 @@ def test_maxent_grpo_plan_prints_the_cpu_server_plan(tiny_model):
 
 
 def test_maxent_grpo_plan_rejects_nccl_on_cpu(tiny_model, tmp_path):
-    import yaml
-
-    recipe = REPO / "recipes" / "smoke" / "config_grpo_vllm.yaml"
-    data = yaml.safe_load(recipe.read_text())
-    data["vllm_weight_sync"] = "nccl"
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = write_recipe(tmp_path, base=SMOKE_VLLM, vllm_weight_sync="nccl")
     out = subprocess.run(
         [sys.executable, "-m", "maxent_grpo.cli", "plan", "--config", str(path)],
         cwd=REPO,
@@ -461,3 +466,27 @@ def test_maxent_grpo_plan_rejects_nccl_on_cpu(tiny_model, tmp_path):
     assert out.stderr.strip().startswith("error: ")
     assert "set vllm_weight_sync: disk" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_installed_package_trains_through_the_module_entry_point(monkeypatch, tmp_path):
+    import maxent_grpo.methods as methods
+
+    monkeypatch.setattr(methods, "_SRC_DIR", tmp_path)  # no src/grpo.py: a non-editable install
+    cmd = make_plan(env(2), GRPO, PORTS).train.command
+    assert cmd[-6:] == ("--module", "maxent_grpo.train", "--method", "grpo", "--config", "r.yaml")
+    maxent = dataclasses.replace(GRPO, method="maxent")
+    assert "--method maxent" in shlex.join(make_plan(env(2), maxent, PORTS).train.command)
+
+
+def test_a_user_error_is_recorded_in_the_run_it_names(tmp_path):
+    from maxent_grpo.errors import UserError
+    from maxent_grpo.launch.launcher import Attempt, RunRequest
+    from maxent_grpo.runs.events import read_events
+
+    path = write_recipe(tmp_path, num_generation=4)  # typo: unknown key
+    attempt = Attempt(RunRequest(str(path), logs_dir=tmp_path / "logs"), environ={})
+    with pytest.raises(UserError, match="unknown key 'num_generation'"):
+        attempt.run()
+    (event,) = read_events(tmp_path / "out")
+    assert event["event"] == "outcome" and event["outcome"] == "user_error"
+    assert "unknown key 'num_generation'" in event["reason"] and event["code"] == 2

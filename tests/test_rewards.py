@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import math
 import pickle
-import threading
 
 import pytest
 
@@ -18,12 +18,24 @@ from maxent_grpo.rewards import (
 BUILTINS = [
     "accuracy",
     "answer_match",
+    "binary_code",
+    "boxed_accuracy_math",
+    "boxed_missing_penalty",
+    "code",
+    "code_format",
+    "cosine",
+    "digit_fraction",
     "format",
     "length",
+    "python_unit_tests",
+    "reasoning_steps",
     "repetition_penalty",
     "soft_overlong_punishment",
     "tag_count",
 ]
+# Rewards that run the completion's program: tested in test_code_rewards.py.
+EXECUTING = {"binary_code", "code", "python_unit_tests"}
+TEXT_BUILTINS = [name for name in BUILTINS if name not in EXECUTING]
 GOOD_FORMAT = "<think>\n2+2\n</think>\n<answer>\n4\n</answer>"
 
 
@@ -189,6 +201,57 @@ CASES = [
     ("repetition_penalty", {"repetition_n_grams": 2}, ["a a a a a"], {}, [-0.75]),
     ("repetition_penalty", {"repetition_n_grams": 1}, ["x x x x"], {}, [-0.75]),
     ("repetition_penalty", {"repetition_max_penalty": 0.0}, ["a b c a b c"], {}, [0.0]),
+    # ---- reasoning_steps (open-r1's markers, min(1, count / 3)) -------------------------
+    ("reasoning_steps", {}, ["Step 1: add. Step 2: carry. Step 3: done."], {}, [1.0]),
+    ("reasoning_steps", {}, [conv("First, add.\nFinally, done.")], {}, [2 / 3]),
+    ("reasoning_steps", {}, ["Plan:\n- a\n- b\n* c\n- d"], {}, [1.0]),
+    # No re.MULTILINE in open-r1: "N." counts only at the very start of the completion.
+    ("reasoning_steps", {}, ["1. a\n2. b\n3. c"], {}, [1 / 3]),
+    ("reasoning_steps", {}, ["42"], {}, [0.0]),
+    ("reasoning_steps", {}, [""], {}, [0.0]),
+    # ---- cosine (exact values at t = 0 and t = 1; the curve is tested below) -------------
+    ("cosine", {"cosine_max_len": 1}, ["<answer>4</answer>"], {"solution": ["4"]}, [0.5]),
+    ("cosine", {"cosine_max_len": 1}, ["<answer>5</answer>"], {"solution": ["4"]}, [-0.5]),
+    ("cosine", {"cosine_max_len": 1}, [""], {"solution": ["4"]}, [0.0]),
+    ("cosine", {}, ["<answer>4</answer>"], {"solution": ["no idea"]}, [None]),
+    (
+        "cosine",
+        {"cosine_max_len": 1, "cosine_min_value_correct": 0.25, "cosine_max_value_wrong": -2},
+        ["\\boxed{4}", conv("\\boxed{5}")],
+        {"solution": ["4", "4"]},
+        [0.25, -2.0],
+    ),
+    # ---- boxed_accuracy_math ------------------------------------------------------------
+    ("boxed_accuracy_math", {}, ["so $\\boxed{0.5}$"], {"solution": ["\\frac{1}{2}"]}, [1.0]),
+    ("boxed_accuracy_math", {}, ["\\boxed{\\frac{1}{2}}"], {"solution": ["0.5"]}, [1.0]),
+    ("boxed_accuracy_math", {}, [conv("\\fbox{7}")], {"solution": ["7"]}, [1.0]),
+    ("boxed_accuracy_math", {}, ["\\boxed{1} no, \\boxed{2}"], {"solution": ["2"]}, [1.0]),
+    ("boxed_accuracy_math", {}, ["\\boxed{1} no, \\boxed{2}"], {"solution": ["1"]}, [0.0]),
+    ("boxed_accuracy_math", {}, ["\\boxed{(1, 2)}"], {"solution": ["(1,2)"]}, [1.0]),
+    # Only a closed \boxed{} counts: no <answer> block, no anchored prose.
+    ("boxed_accuracy_math", {}, ["<answer>7</answer>"], {"solution": ["7"]}, [0.0]),
+    ("boxed_accuracy_math", {}, ["The final answer is $7$."], {"solution": ["7"]}, [0.0]),
+    ("boxed_accuracy_math", {}, ["\\boxed{7"], {"solution": ["7"]}, [0.0]),
+    ("boxed_accuracy_math", {}, ["\\boxed{7}"], {"solution": ["no idea"]}, [None]),
+    # ---- boxed_missing_penalty ----------------------------------------------------------
+    ("boxed_missing_penalty", {}, ["so $\\boxed{7}$"], {}, [0.0]),
+    ("boxed_missing_penalty", {}, [conv("\\boxed{\\frac{1}{2}}")], {}, [0.0]),
+    ("boxed_missing_penalty", {}, ["the answer is 7"], {}, [-1.0]),
+    ("boxed_missing_penalty", {}, ["\\boxed{7"], {}, [-1.0]),
+    ("boxed_missing_penalty", {}, [""], {}, [-1.0]),
+    # ---- digit_fraction -----------------------------------------------------------------
+    ("digit_fraction", {}, ["12 + 34"], {}, [0.8]),
+    ("digit_fraction", {}, [conv("123")], {}, [1.0]),
+    ("digit_fraction", {}, ["none"], {}, [0.0]),
+    ("digit_fraction", {}, ["  \n "], {}, [0.0]),
+    ("digit_fraction", {}, [""], {}, [0.0]),
+    # ---- code_format --------------------------------------------------------------------
+    ("code_format", {}, ["```python\nprint(1)\n```"], {}, [1.0]),
+    ("code_format", {}, [conv("Here:\n```python\ndef f():\n    return 1\n```\nDone.")], {}, [1.0]),
+    ("code_format", {}, ["```python\nprint(\n```"], {}, [0.0]),
+    ("code_format", {}, ["```python\nprint(1)\n```\n```python\nprint(\n```"], {}, [0.0]),
+    ("code_format", {}, ["```py\nprint(1)\n```"], {}, [0.0]),
+    ("code_format", {}, ["print(1)"], {}, [0.0]),
 ]
 
 
@@ -214,7 +277,24 @@ def test_reward_table(name, settings, completions, kwargs, expected):
 
 def test_table_covers_every_builtin():
     assert len(CASES) >= 40
-    assert {case[0] for case in CASES} == set(BUILTINS)
+    assert {case[0] for case in CASES} == set(TEXT_BUILTINS)
+
+
+@pytest.mark.parametrize("length", [18, 100, 250, 500, 999, 1000, 1500])
+def test_cosine_follows_the_half_cosine_between_its_bounds(length):
+    (cosine,) = get_reward_funcs(["cosine"], cosine_min_value_wrong=-1.0)
+    text = "<answer>4</answer>".ljust(length)  # 18 characters, then spaces
+    right, wrong = cosine([text, text], solution=["4", "5"])
+    c = (1 + math.cos(math.pi * min(length, 1000) / 1000)) / 2  # 1 when short, 0 at 1000
+    assert right == pytest.approx(0.5 + (1.0 - 0.5) * c)
+    assert wrong == pytest.approx(-0.5 + (-1.0 + 0.5) * c)
+    assert 0.5 <= right <= 1.0 and -1.0 <= wrong <= -0.5
+
+
+def test_cosine_lengths_past_max_len_score_as_max_len():
+    (cosine,) = get_reward_funcs(["cosine"], cosine_max_len=20)
+    long = "<answer>4</answer>" + " " * 100
+    assert cosine([long, long[:20]], solution=["4", "4"]) == [0.5, 0.5]
 
 
 # ---- registry ------------------------------------------------------------------------------
@@ -230,6 +310,17 @@ def test_reward_settings_defaults():
         "overlong_buffer": 256,
         "repetition_n_grams": 3,
         "repetition_max_penalty": -1.0,
+        # open-r1's defaults
+        "cosine_min_value_wrong": 0.0,
+        "cosine_max_value_wrong": -0.5,
+        "cosine_min_value_correct": 0.5,
+        "cosine_max_value_correct": 1.0,
+        "cosine_max_len": 1000,
+        "code_provider": "local",
+        "code_language": "python",
+        "parallel_code_exec_per_proc": 2,
+        "code_timeout_seconds": 5.0,
+        "code_memory_mb": 1024,
     }
 
 
@@ -262,7 +353,7 @@ def test_dunder_name_is_registry_name(name):
     assert inspect.getdoc(func) and "Example" in inspect.getdoc(func)
 
 
-@pytest.mark.parametrize("name", BUILTINS)
+@pytest.mark.parametrize("name", TEXT_BUILTINS)
 def test_builtins_pickle(name):
     # TRL's async GRPO worker pickles reward functions into a spawned process.
     (func,) = get_reward_funcs([name], overlong_max_length=20, overlong_buffer=10)
@@ -273,7 +364,7 @@ def test_builtins_pickle(name):
     )
 
 
-@pytest.mark.parametrize("name", BUILTINS)
+@pytest.mark.parametrize("name", TEXT_BUILTINS)
 def test_extra_kwargs_accepted(name):
     (func,) = get_reward_funcs([name])
     completions = [conv("<think>\nok\n</think>\n<answer>\n4\n</answer>")] * 2
@@ -292,7 +383,9 @@ def test_extra_kwargs_accepted(name):
     assert all(r is None or isinstance(r, float) for r in result)
 
 
-@pytest.mark.parametrize("name", ["accuracy", "answer_match", "length"])
+@pytest.mark.parametrize(
+    "name", ["accuracy", "answer_match", "length", "cosine", "boxed_accuracy_math"]
+)
 def test_missing_or_misaligned_solution(name):
     (func,) = get_reward_funcs([name])
     with pytest.raises(RewardError, match="solution"):
@@ -320,6 +413,13 @@ def test_unknown_setting_is_named():
         ({"repetition_n_grams": True}, "repetition_n_grams"),
         ({"overlong_buffer": 0}, "overlong_buffer"),
         ({"overlong_max_length": 2.5}, "overlong_max_length"),
+        ({"cosine_max_len": 0}, "cosine_max_len"),
+        ({"cosine_min_value_wrong": "low"}, "cosine_min_value_wrong must be a finite number"),
+        ({"code_provider": "docker"}, "code_provider must be one of local, e2b, morph"),
+        ({"code_language": "cpp"}, "code_language must be one of python"),
+        ({"code_timeout_seconds": 0}, "code_timeout_seconds must be > 0"),
+        ({"parallel_code_exec_per_proc": 0}, "parallel_code_exec_per_proc"),
+        ({"code_memory_mb": 8}, "code_memory_mb must be an integer >= 64"),
     ],
 )
 def test_invalid_settings(settings, match):
@@ -339,102 +439,3 @@ def test_numeric_string_settings_are_coerced():
         ["soft_overlong_punishment"], overlong_max_length="20", overlong_buffer="10"
     )
     assert func(["x" * 15]) == [-0.5]
-
-
-# ---- module:function -----------------------------------------------------------------------
-
-CUSTOM_MODULE = """
-def my_reward(completions, **kwargs):
-    return [float(len(c)) for c in completions]
-
-NOT_CALLABLE = 3
-"""
-
-
-def test_module_function_loading(tmp_path, monkeypatch):
-    (tmp_path / "mx_custom_rewards.py").write_text(CUSTOM_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(__import__("sys").modules, "mx_custom_rewards", raising=False)
-    funcs = get_reward_funcs(["accuracy", "mx_custom_rewards:my_reward"])
-    assert funcs[1].__name__ == "my_reward"
-    assert funcs[1](["ab", "abc"]) == [2.0, 3.0]
-
-
-def test_module_function_from_working_directory(tmp_path, monkeypatch):
-    import sys
-
-    (tmp_path / "mx_cwd_rewards.py").write_text(CUSTOM_MODULE)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
-    monkeypatch.delitem(sys.modules, "mx_cwd_rewards", raising=False)
-    (func,) = get_reward_funcs(["mx_cwd_rewards:my_reward"])
-    assert func(["abcd"]) == [4.0]
-    assert str(tmp_path) not in sys.path  # the working directory is not left on sys.path
-
-
-def test_module_function_from_file_path(tmp_path, monkeypatch):
-    import sys
-
-    path = tmp_path / "mx_file_rewards.py"
-    path.write_text(CUSTOM_MODULE)
-    monkeypatch.delitem(sys.modules, "mx_file_rewards", raising=False)
-    (func,) = get_reward_funcs([f"{path}:my_reward"])
-    assert func(["a"]) == [1.0]
-
-
-def test_failed_import_is_one_line():
-    with pytest.raises(RewardError) as err:
-        get_reward_funcs(["mx_no_such_module_xyz:fn"])
-    message = str(err.value)
-    assert "\n" not in message
-    assert "mx_no_such_module_xyz:fn" in message
-    assert "ModuleNotFoundError: No module named 'mx_no_such_module_xyz'" in message
-
-
-def test_import_time_error_is_one_line(tmp_path, monkeypatch):
-    (tmp_path / "mx_broken_rewards.py").write_text("raise RuntimeError('boom\\nsecond line')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(RewardError) as err:
-        get_reward_funcs(["mx_broken_rewards:fn"])
-    assert "\n" not in str(err.value)
-    assert "RuntimeError: boom second line" in str(err.value)
-
-
-def test_missing_attribute_and_not_callable(tmp_path, monkeypatch):
-    (tmp_path / "mx_attr_rewards.py").write_text(CUSTOM_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(RewardError) as err:
-        get_reward_funcs(["mx_attr_rewards:nope"])
-    assert "mx_attr_rewards:nope" in str(err.value)
-    assert "AttributeError" in str(err.value) and "nope" in str(err.value)
-    with pytest.raises(RewardError, match="not callable"):
-        get_reward_funcs(["mx_attr_rewards:NOT_CALLABLE"])
-
-
-@pytest.mark.parametrize("spec", [":fn", "module:", ":"])
-def test_malformed_spec(spec):
-    with pytest.raises(RewardError, match="module:function"):
-        get_reward_funcs([spec])
-
-
-# ---- threads -------------------------------------------------------------------------------
-
-
-def test_accuracy_off_the_main_thread():
-    (accuracy,) = get_reward_funcs(["accuracy"])
-    results: dict[str, object] = {}
-
-    def work():
-        try:
-            results["value"] = accuracy(
-                ["<answer>$\\frac{1}{2}$</answer>", "\\boxed{3}", "<answer>9</answer>"],
-                solution=["0.5", "3", "no idea"],
-            )
-        except Exception as exc:  # pragma: no cover - reported below
-            results["error"] = exc
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join(timeout=60)
-    assert "error" not in results, results.get("error")
-    assert results["value"] == [1.0, 1.0, None]

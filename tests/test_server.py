@@ -16,16 +16,20 @@ from pathlib import Path
 import pytest
 
 from helpers.procs import live_processes, wait_until_gone
+from maxent_grpo.launch import watchdog as watchdog_module
 from maxent_grpo.launch.plan import ServerPlan
 from maxent_grpo.launch.processes import Child, free_port
 from maxent_grpo.launch.server import (
     ServerError,
     ServerWaitCancelled,
     VLLMServer,
+    launch_server,
     probe,
     start_server,
     wait_for_training,
 )
+from maxent_grpo.launch.watchdog import Watchdog, watch_training
+from maxent_grpo.train.heartbeat import Heartbeat
 
 PY = sys.executable
 
@@ -71,6 +75,7 @@ def server_plan(command: list[str], port: int, timeout: float = 30.0) -> ServerP
         port=port,
         group_port=0,
         command=tuple(command),
+        env={},
         device="cpu",
         weight_sync="disk",
         timeout=timeout,
@@ -232,15 +237,86 @@ def test_child_stop_returns_quickly_for_a_live_group(tmp_path):
     assert not live_processes(marker="sleep 604")
 
 
-def test_missing_vllm_is_one_line_before_anything_starts(tmp_path, monkeypatch):
-    import importlib.util
+# The launcher starts the server and the trainers together: watch_training watches the start-up.
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
-    )
-    plan = server_plan([PY, "-m", "vllm.entrypoints.cli.main", "serve", "m"], free_port())
+SERVE_200_AFTER = """
+    import sys, time
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers()
+        def log_message(self, *a):
+            pass
+    print("booting", flush=True)
+    time.sleep(float(sys.argv[2]))
+    HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def starting_server(tmp_path, command: list[str], port: int, timeout: float = 30) -> VLLMServer:
+    return launch_server(server_plan(command, port, timeout), tmp_path / "vllm.log")
+
+
+def test_server_dying_during_start_up_stops_the_trainers_with_its_log(tmp_path, capsys):
+    source = """
+        import sys, time
+        time.sleep(1)
+        print("ValueError: max_model_len 4096 is larger than the model's 1024", flush=True)
+        sys.exit(1)
+    """
+    server = starting_server(tmp_path, python_command(source), free_port(), timeout=600)
+    trainer = Child("train", ["sleep", "605"], tmp_path / "train.log")
+    start = time.monotonic()
     with pytest.raises(ServerError) as info:
-        start_server(plan, tmp_path / "vllm.log")
-    assert "needs vLLM" in str(info.value) and "\n" not in str(info.value)
-    assert not (tmp_path / "vllm.log").exists()
+        watch_training(trainer, server, None, poll=0.1)
+    took = time.monotonic() - start
+    assert took < 6, took
+    first, *tail = str(info.value).splitlines()
+    assert first.startswith("vLLM server exited with code 1 ") and "before it answered" in first
+    assert "max_model_len 4096" in tail[-1]
+    assert "stopping training: the vLLM server did not start" in capsys.readouterr().out
+    assert trainer.poll() is not None and not live_processes(marker="sleep 605")
+    server.stop()
+
+
+def test_server_not_healthy_in_time_stops_the_trainers(tmp_path):
+    port = free_port()
+    # 5 s: time for the stand-in to answer 503 first, even on a loaded machine.
+    server = starting_server(tmp_path, [*python_command(SERVE_503), str(port)], port, timeout=5)
+    trainer = Child("train", ["sleep", "606"], tmp_path / "train.log")
+    start = time.monotonic()
+    with pytest.raises(ServerError, match=r"not healthy after 5s .*\(last answer HTTP 503\)"):
+        watch_training(trainer, server, None, poll=0.1)
+    assert 5 <= time.monotonic() - start < 12
+    assert not live_processes(marker="sleep 606")
+    server.stop()
+
+
+def test_stop_signal_during_start_up_stops_the_trainers(tmp_path):
+    server = starting_server(tmp_path, ["sleep", "607"], free_port())
+    trainer = Child("train", ["sleep", "608"], tmp_path / "train.log")
+    calls = iter([None, None, 15])
+    with pytest.raises(ServerWaitCancelled):
+        watch_training(trainer, server, None, poll=0.1, cancelled=lambda: next(calls, 15))
+    assert not live_processes(marker="sleep 608")
+    server.stop()
+    assert not live_processes(marker="sleep 607")
+
+
+def test_no_hang_is_called_while_the_server_starts(tmp_path, monkeypatch):
+    """A rank silent while the server boots is waiting for it; silence counts from healthy."""
+    monkeypatch.setattr(watchdog_module, "SERVER_PROBE_EVERY_S", 0.1)  # for hang_timeout 0.5
+    Heartbeat(tmp_path, 0).beat("generate", 0)  # then silent: waits for the server
+    port = free_port()
+    server = starting_server(tmp_path, [*python_command(SERVE_200_AFTER), str(port), "2"], port)
+    watchdog = Watchdog(tmp_path / ".heartbeat", 1, timeout=0.5, health_url=server.plan.health_url)
+    trainer = Child("train", ["sleep", "609"], tmp_path / "train.log")
+    start = time.monotonic()
+    try:
+        watched = watch_training(trainer, server, watchdog, poll=0.1)
+    finally:
+        trainer.stop()
+        server.stop()
+    assert server.healthy_after is not None and server.healthy_after >= 2
+    assert watched.hang is not None and watched.hang.reason.startswith("no progress from rank 0")
+    assert time.monotonic() - start >= server.healthy_after + 0.5

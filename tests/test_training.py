@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers.runs import PYTHON, REPO, run, step_logs, write_recipe
+from helpers.recipes import SMOKE, write_recipe
+from helpers.runs import PYTHON, REPO, run, step_logs
 from maxent_grpo.train.checkpoints import (
     CHECKPOINT_MARKER,
     last_complete_checkpoint,
     run_is_complete,
 )
 
-SMOKE = REPO / "recipes" / "smoke" / "config_grpo.yaml"
 GRPO = str(REPO / "src" / "grpo.py")
 MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")
 
@@ -22,14 +22,13 @@ def small_recipe(tmp_path: Path, tiny_model: Path, **overrides) -> Path:
     """The smoke recipe, pointed at tmp_path and made smaller/faster for tests."""
     settings = dict(
         model_name_or_path=str(tiny_model),
-        output_dir=str(tmp_path / "out"),
         dataset_num_rows=256,
         max_completion_length=16,
         max_steps=4,
         save_steps=2,
     )
     settings.update(overrides)
-    return write_recipe(tmp_path / "recipe.yaml", SMOKE, **settings)
+    return write_recipe(tmp_path, **settings)
 
 
 def test_grpo_cli_rejects_unknown_key_in_one_line():
@@ -91,10 +90,14 @@ def test_grpo_learns_a_climbable_reward(tmp_path, tiny_model):
 
 @pytest.mark.integration
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, tiny_model):
+    # 2 prompts, 1 per step: epochs of 2 steps, so the resume at step 3 lands in the second
+    # epoch, whose prompt order TRL's sampler alone would not reproduce (train/data_order.py).
     def train(name: str, max_steps: int) -> Path:
         folder = tmp_path / name
         folder.mkdir(exist_ok=True)
-        recipe = small_recipe(folder, tiny_model, max_steps=max_steps, save_steps=3)
+        recipe = small_recipe(
+            folder, tiny_model, max_steps=max_steps, save_steps=3, dataset_num_rows=2
+        )
         result = run([PYTHON, GRPO, "--config", str(recipe), "--max_steps", str(max_steps)])
         assert result.returncode == 0, result.stderr[-3000:]
         return folder / "out"
@@ -114,3 +117,17 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, tiny_model
             assert float(resumed_logs[step][key]) == pytest.approx(
                 float(full_logs[step][key]), rel=1e-5, abs=1e-7
             ), (step, key)
+
+
+def test_module_entry_point_takes_the_method_and_rejects_bad_keys_in_one_line():
+    for method in ("grpo", "maxent"):
+        result = run(
+            [PYTHON, "-m", "maxent_grpo.train", "--method", method, "--config", str(SMOKE)]
+            + ["--no_such_key", "1"],
+            timeout=120,
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [
+            "error: command line: unknown flag '--no_such_key'; "
+            "see the recipe key reference in the docs"
+        ]

@@ -6,6 +6,7 @@ The real thing, against a real vLLM server, is in tests/vllm_server/.
 from __future__ import annotations
 
 import functools
+import time
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ import torch
 from trl.generation.vllm_generation import VLLMGeneration  # noqa: F401 (FakeTrainer uses it)
 
 from maxent_grpo.errors import UserError
+from maxent_grpo.train.vllm_connect import deferred_generation_class
 from maxent_grpo.train.vllm_sync import (
     WEIGHT_SYNC_METRIC,
     WEIGHTS_DIRNAME,
@@ -92,11 +94,17 @@ def test_disk_mode_builds_the_disk_backend_only_during_init(tmp_path):
     assert trainer.vllm_weight_sync == "disk"
 
 
-def test_nccl_mode_keeps_trls_backend(tmp_path, monkeypatch):
+def test_nccl_mode_keeps_trls_backend_connecting_at_first_use(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     trainer = Trainer("m", None, args(tmp_path, vllm_weight_sync="nccl", use_cpu=False))
-    assert trainer.backend_factory is VLLMGeneration
+    assert trainer.backend_factory is deferred_generation_class()
+    assert trainer.backend_factory.__bases__ == (VLLMGeneration,)
     assert trainer.vllm_weight_sync == "nccl"
+
+
+def test_colocate_mode_keeps_trls_backend(tmp_path):
+    trainer = Trainer("m", None, args(tmp_path, vllm_mode="colocate"))
+    assert trainer.backend_factory is VLLMGeneration
 
 
 def test_nccl_mode_on_cpu_fails_before_the_model_loads(tmp_path):
@@ -199,3 +207,18 @@ def test_disk_sync_on_other_ranks_only_iterates(tmp_path):
     generation.sync_weights()
     assert iterated == [0, 1, 2] and waits == [1]
     assert not generation.weights_dir.exists()
+
+
+def test_the_wait_for_the_server_is_not_timed_as_a_sync(tmp_path):
+    trainer = Trainer(model="m", args=args(tmp_path))
+    trainer.accelerator = SimpleNamespace(is_main_process=True)
+    connects = []
+
+    def slow_connect():
+        connects.append(1)
+        time.sleep(0.3)  # the first use waits for a booting server
+
+    trainer.vllm_generation.connect = slow_connect
+    trainer.vllm_generation.sync_weights()
+    assert connects == [1] and trainer.syncs == 1
+    assert trainer._metrics["train"][WEIGHT_SYNC_METRIC][0] < 0.3

@@ -1,10 +1,12 @@
 """Generate the recipe-key and CLI reference pages from the code, at Sphinx build time.
 
 Nothing here is copied by hand: the recipe keys come from the dataclasses the recipe parser
-uses (``maxent_grpo.configs.GRPO_TYPES`` and, once it exists, ``MAXENT_TYPES`` from
-``maxent_grpo.maxent.config``) through ``dataclasses.fields()`` and ``metadata["help"]``; the
-set of keys is the set of flags TRL's parser builds from those dataclasses, i.e. exactly what
-``parse_recipe`` accepts. The CLI page comes from ``maxent_grpo.cli.build_parser()``.
+uses (each method's sections in ``maxent_grpo.methods.METHODS``: ``recipe.keys.GRPO_TYPES``,
+``maxent.config.MAXENT_TYPES``) through ``dataclasses.fields()`` and ``metadata["help"]``; the
+set of keys is the set of flags the recipe parser builds from those dataclasses
+(``maxent_grpo.recipe.schema.trl_parser``; ``read_recipe`` reads the same flags from the
+committed ``recipe/schema.json``, kept equal by a test), i.e. exactly what it accepts.
+The CLI page comes from ``maxent_grpo.cli.build_parser()``.
 
 Help texts from TRL and transformers are written in Markdown / HF doc-builder syntax; they are
 rendered as literal text: only `code` spans and links are kept, every other ASCII punctuation
@@ -187,7 +189,13 @@ def dataclass_signature(cls: type) -> str:
     autodoc shows a dataclass's generated __init__ with string annotations (quoted, and not
     linkable) when its module uses `from __future__ import annotations`.
     """
-    hints = typing.get_type_hints(cls)
+    try:
+        hints = typing.get_type_hints(cls)
+    except NameError:
+        # Sections named only under TYPE_CHECKING (recipe.Recipe: importing them imports TRL).
+        import maxent_grpo.recipe.keys as keys
+
+        hints = typing.get_type_hints(cls, localns=vars(keys))
     params = []
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -259,10 +267,10 @@ def declaring_class(cls: type, name: str) -> type:
 
 def _parser_actions(types_: tuple[type, ...]) -> dict[str, argparse.Action]:
     """dest -> action of the parser the recipe loader builds (TRL's, from the dataclasses)."""
-    from trl import TrlParser
+    from maxent_grpo.recipe.schema import trl_parser
 
     actions: dict[str, argparse.Action] = {}
-    for action in TrlParser(types_)._actions:
+    for action in trl_parser(types_)._actions:
         if action.dest == "help":
             continue
         # store_false actions (--no_x) share the dest; keep the one with a type
@@ -272,19 +280,10 @@ def _parser_actions(types_: tuple[type, ...]) -> dict[str, argparse.Action]:
 
 
 def recipe_type_sets() -> dict[str, tuple[type, ...]]:
-    """{method: dataclass types} for every method whose config can be imported."""
-    from maxent_grpo import configs
+    """{method: dataclass types} for every method of the registry."""
+    from maxent_grpo.methods import METHODS
 
-    sets = {"grpo": tuple(configs.GRPO_TYPES)}
-    try:
-        module = importlib.import_module("maxent_grpo.maxent.config")
-    except ModuleNotFoundError as exc:
-        # Only "not written yet" is tolerated; a broken module fails the build.
-        if exc.name not in ("maxent_grpo.maxent", "maxent_grpo.maxent.config"):
-            raise
-    else:
-        sets["maxent"] = tuple(module.MAXENT_TYPES)
-    return sets
+    return {name: tuple(method.sections()) for name, method in METHODS.items()}
 
 
 def collect_recipe_keys() -> list[RecipeKey]:
@@ -352,11 +351,24 @@ def _first_doc_line(cls: type) -> str:
     return ""
 
 
-_ENV_KEY_HELP = (
-    "A mapping of environment variables, exported (values converted to strings) before the "
-    "rest of the recipe is parsed, e.g. `env: {WANDB_MODE: offline}`. Not a dataclass field: "
-    "handled by `maxent_grpo.configs`."
-)
+# Top-level keys that are not dataclass fields (read by maxent_grpo.recipe.parser).
+SPECIAL_KEYS = {
+    "env": (
+        "dict[str, str]",
+        "{}",
+        "A mapping of environment variables (values converted to strings) for the run's "
+        "processes, e.g. `env: {WANDB_MODE: offline}`: the launcher puts them into the "
+        "environment of the trainers and the vLLM server; `python src/grpo.py` alone exports "
+        "them when it starts. `check` and `plan` never export them.",
+    ),
+    "method": (
+        "str",
+        "grpo",
+        "The training method, `grpo` or `maxent`: which keys the recipe may use and which "
+        "trainer runs it. `--method` (or `MAXENT=1 bash training.sh`) may ask for the same "
+        "method; asking for another one is an error.",
+    ),
+}
 
 
 def _confval(key: str, type_: str, default: str | None, body: list[str]) -> list[str]:
@@ -414,12 +426,13 @@ def render_recipe_keys(keys: list[RecipeKey] | None = None) -> str:
                 body.append(f"Redeclares the field of {literal(base)} (default or help differ).")
             if set(methods) - key.methods:
                 only = ", ".join(sorted(key.methods))
-                body.append(f"Only accepted with ``--method {only}``.")
+                body.append(f"Only accepted with ``method: {only}``.")
             out += _confval(key.name, key.type, key.default, body)
 
     title = "Special keys"
     out += [".. _recipe-keys-special:", "", title, "-" * len(title), ""]
-    out += _confval("env", "dict[str, str]", "{}", [inline(_ENV_KEY_HELP)])
+    for key, (type_, default, text) in SPECIAL_KEYS.items():
+        out += _confval(key, type_, default, [inline(text)])
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -7,16 +7,19 @@ import signal
 import sys
 from pathlib import Path
 
-from maxent_grpo.errors import EXIT_USER_ERROR, UserError
+from maxent_grpo.errors import EXIT_USER_ERROR, UserError, error_report
+from maxent_grpo.methods import METHODS
 
 
 def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="recipe YAML file")
     parser.add_argument(
         "--method",
-        choices=["grpo", "maxent"],
-        default="grpo",
-        help="trainer: GRPO (src/grpo.py) or MaxEnt-GRPO (src/maxent-grpo.py)",
+        choices=list(METHODS),
+        default=None,
+        help="trainer: "
+        + ", ".join(f"{m.name} ({m.label})" for m in METHODS.values())
+        + "; default: the recipe's `method:` key, else grpo",
     )
     parser.add_argument(
         "--run-name",
@@ -51,8 +54,25 @@ def _add_allocation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
     parser.add_argument("--time", type=int, default=24 * 60, help="time limit in minutes")
-    parser.add_argument("--partition", default=None, help="Slurm partition")
-    parser.add_argument("--account", default=None, help="Slurm account")
+    parser.add_argument(
+        "--cpus-per-task",
+        type=int,
+        default=None,
+        help="CPUs per node for the job (training.sh's header asks 32; submit: Slurm's default)",
+    )
+    parser.add_argument(
+        "--mem", default=None, help="memory per node, e.g. 256G; 0 means all of the node's"
+    )
+    parser.add_argument(
+        "--exclusive", action="store_true", help="the whole node(s): no other job shares them"
+    )
+    for flag, what in (
+        ("--partition", "Slurm partition"),
+        ("--account", "Slurm account"),
+        ("--qos", "Slurm quality of service"),
+        ("--constraint", "Slurm node features, e.g. h100"),
+    ):
+        parser.add_argument(flag, default=None, help=what)
     parser.add_argument(
         "--signal-lead",
         type=int,
@@ -78,9 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recipe_args(plan)
     _add_planned_allocation_args(plan)
 
-    check = sub.add_parser("check", help="validate a recipe for the planned allocation")
+    check = sub.add_parser(
+        "check", help="validate a recipe for the planned allocation: every problem, one line each"
+    )
     _add_recipe_args(check)
     _add_planned_allocation_args(check)
+    _add_migrate_command(sub)
 
     submit = sub.add_parser(
         "submit",
@@ -93,9 +116,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="requeues after time limits (default: the recipe's max_requeues)",
-    )
-    submit.add_argument(
-        "--cpus-per-task", type=int, default=None, help="CPUs per node (Slurm's default if unset)"
     )
     submit.add_argument("--folder", default="logs/submitit", help="submitit's job folder")
 
@@ -110,7 +130,48 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("tiny-model", help="make the tiny local Qwen2 model (cached)")
     tiny.add_argument("--out", default=None, help="directory (default: .cache/models/tiny-qwen2)")
     _add_runs_commands(sub)
+    _add_eval_command(sub)
     return parser
+
+
+def _add_eval_command(sub) -> None:
+    evaluate = sub.add_parser(
+        "eval", help="score one checkpoint on the recipe's benchmarks (events.jsonl, samples)"
+    )
+    evaluate.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a checkpoint-N directory (default: the run's final model in output_dir)",
+    )
+    evaluate.add_argument(
+        "--benchmark",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="one of the recipe's benchmarks (repeatable; default: all of them)",
+    )
+    evaluate.add_argument(
+        "--step", type=int, default=None, help="the step to record (default: the checkpoint's)"
+    )
+    evaluate.add_argument(
+        "--queued",
+        action="store_true",
+        help="run as a queued evaluation job: a checkpoint that is gone is skipped, not an error",
+    )
+    _add_recipe_args(evaluate)
+
+
+def _add_migrate_command(sub) -> None:
+    migrate = sub.add_parser(
+        "migrate",
+        help="rewrite an open-r1 / older-TRL recipe for this toolkit (comments kept); check it",
+    )
+    migrate.add_argument("recipe", help="the recipe YAML to translate")
+    migrate.add_argument("-o", "--out", required=True, help="where to write the translated recipe")
+    migrate.add_argument(
+        "--method", choices=list(METHODS), default=None, help="as for check (default: the recipe's)"
+    )
+    _add_planned_allocation_args(migrate)
 
 
 def _add_runs_commands(sub) -> None:
@@ -131,30 +192,23 @@ def _add_runs_commands(sub) -> None:
         type=float,
         default=15,
         metavar="MIN",
-        help="a Slurm attempt with no exit line counts as running while its log was written "
-        "in the last MIN minutes (default 15)",
+        help="an attempt with no outcome whose processes cannot be seen from here counts as "
+        "running while its events or log were written in the last MIN minutes (default 15)",
     )
     plot = sub.add_parser("plot", help="plot a run's reward, KL, entropy, length (PNG + CSV)")
     plot.add_argument("run", help="run name (looked up under --outputs) or an output directory")
     plot.add_argument("--out", default=None, help="PNG file (default: ./<run>.png)")
     plot.add_argument("--csv", default=None, help="CSV file (default: the PNG's name, .csv)")
     plot.add_argument("--outputs", default="outputs", help="where run names are looked up")
-    plot.add_argument(
-        "--logs",
-        action="append",
-        default=None,
-        metavar="DIR",
-        help="train logs to find resume points in (repeatable; default: logs)",
-    )
 
 
-def _options(args):
-    from maxent_grpo.launch.launcher import LaunchOptions
+def _request(args):
+    from maxent_grpo.launch.launcher import RunRequest
 
     overrides = list(args.overrides or [])
     if overrides and overrides[0] == "--":
         overrides = overrides[1:]
-    return LaunchOptions(
+    return RunRequest(
         recipe=args.config,
         method=args.method,
         run_name=args.run_name,
@@ -172,38 +226,37 @@ def _run(args) -> int:
     if args.command == "plot":
         from maxent_grpo.runs import plot
 
-        return plot.main(args.run, args.out, args.csv, args.outputs, args.logs or ["logs"])
-    from maxent_grpo.launch.launcher import launch, prepare
+        return plot.main(args.run, args.out, args.csv, args.outputs)
+    if args.command == "eval":
+        from maxent_grpo.evaluate.command import main as evaluate
+
+        return evaluate(_request(args), args.checkpoint, args.step, args.benchmark, args.queued)
+    from maxent_grpo.launch.launcher import prepare, run_attempt
 
     if args.command == "run":
-        return launch(_options(args), early_signals=tuple(args.early_signals))
+        return run_attempt(_request(args), early_signals=tuple(args.early_signals))
     if args.command == "plan":
-        plan, _ = prepare(_options(args), environment=_planned(args))
-        print(plan.describe())
+        print(prepare(_request(args), environment=_planned(args), packages=False).describe())
         return 0
     if args.command == "check":
-        plan, parsed = prepare(_options(args), environment=_planned(args))
-        print(
-            f"ok: {args.config} is valid for {plan.train.num_processes} training process(es) "
-            f"on {plan.device}; output_dir {parsed[1].output_dir}"
-        )
+        print(_check(_request(args), _planned(args)))
         return 0
+    if args.command == "migrate":
+        return _migrate(args)
     if args.command == "submit":
+        from maxent_grpo.launch.sbatch import slurm_resources
         from maxent_grpo.launch.submit import SubmitOptions, submit
 
-        options = _options(args)
         job = submit(
-            options,
+            _request(args),
             SubmitOptions(
                 nodes=args.nodes,
                 gpus_per_node=args.gpus,
                 time_min=args.time,
-                partition=args.partition,
-                account=args.account,
                 max_requeues=args.max_requeues,
                 signal_lead_s=args.signal_lead,
-                cpus_per_task=args.cpus_per_task,
                 folder=args.folder,
+                slurm=slurm_resources(args),
             ),
         )
         print(f"submitted job {job.job_id}; submitit folder: {args.folder}/{job.job_id}")
@@ -211,8 +264,8 @@ def _run(args) -> int:
     if args.command == "sbatch":
         from maxent_grpo.launch.sbatch import sbatch_command, submit_sbatch
 
-        command = sbatch_command(_options(args), args)
-        job_id = submit_sbatch(_options(args), args, command)
+        command = sbatch_command(_request(args), args)
+        job_id = submit_sbatch(_request(args), args, command)
         print(f"submitted job {job_id}: {' '.join(command)}")
         return 0
     if args.command == "tiny-model":
@@ -221,6 +274,50 @@ def _run(args) -> int:
         print(ensure_tiny_model(args.out or DEFAULT_TINY_MODEL_DIR))
         return 0
     raise AssertionError(args.command)
+
+
+def _check(request, environment) -> str:
+    """`check`: the verdict on a recipe, with every problem at once (a ConfigProblems)."""
+    from maxent_grpo.launch.launcher import prepare
+    from maxent_grpo.recipe.problems import collecting
+
+    # full: the trainers' checks too (TRL's own included), which the launcher leaves to them.
+    with collecting(request.recipe):
+        prepared = prepare(request, environment=environment, full=True)
+    plan = prepared.plan
+    notes = [f"note: {note}" for note in prepared.keys.notes]
+    return "\n".join(
+        [
+            *notes,
+            f"ok: {request.recipe} is valid for {plan.train.num_processes} training process(es) "
+            f"on {plan.device}; output_dir {prepared.keys.output_dir}",
+        ]
+    )
+
+
+def _migrate(args) -> int:
+    """`migrate`: write the translated recipe, list what changed, then check the result."""
+    from maxent_grpo.launch.launcher import RunRequest
+    from maxent_grpo.recipe.migrate import migrate_text
+    from maxent_grpo.recipe.parser import load_recipe_file
+
+    load_recipe_file(args.recipe)  # one line for a missing or malformed file
+    text, changes = migrate_text(Path(args.recipe).read_text(), args.recipe)
+    Path(args.out).write_text(text)
+    left_out = [c for c in changes if c.left_out]
+    print(
+        f"migrated {args.recipe} -> {args.out}: {len(changes) - len(left_out)} change(s), "
+        f"{len(left_out)} key(s) or value(s) left out"
+    )
+    for change in changes:
+        print(f"  {'left out' if change.left_out else 'changed'}: {change.text}")
+    try:
+        print(_check(RunRequest(recipe=args.out, method=args.method), _planned(args)))
+    except UserError as exc:
+        print(error_report(exc), file=sys.stderr)
+        print(f"{args.out} still fails check: fix the lines above by hand", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0
 
 
 def _record_stop_signals() -> list[int]:
@@ -241,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_report(exc), file=sys.stderr)
         return EXIT_USER_ERROR
 
 

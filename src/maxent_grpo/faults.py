@@ -1,8 +1,11 @@
 """Failpoints: SIGKILL this process at a named point, for the reliability tests.
 
-Set MAXENT_GRPO_FAILPOINT=<point>[:<step>] (e.g. `checkpoint_partial:4`). Unset (always, in
-real runs) it costs one dict lookup per call. A SIGKILL cannot be caught, so what the tests
-see afterwards is exactly what a node failure or an OOM kill would leave on disk.
+Set MAXENT_GRPO_FAILPOINT=<point>[:<step>][:<action>] (e.g. `checkpoint_partial:4`). Unset
+(always, in real runs) it costs one dict lookup per call. A SIGKILL cannot be caught, so what
+the tests see afterwards is exactly what a node failure or an OOM kill would leave on disk.
+Actions: `kill` (the default, SIGKILL), `error` (raise RuntimeError: a crash), `oom` (raise
+torch.OutOfMemoryError, the exception a CUDA allocation failure raises: the out-of-memory
+class on a machine without a GPU).
 
 Points: train_start (before step 1), step_begin (inside a step), checkpoint_partial (model
 written, optimizer not yet), checkpoint_unmarked (all files written, marker not yet),
@@ -21,6 +24,14 @@ def failpoint(point: str, step: int | None = None) -> None:
     spec = os.environ.get(ENV)
     if not spec:
         return
-    name, _, at = spec.partition(":")
-    if name == point and (not at or step is None or int(at) == step):
-        os.kill(os.getpid(), signal.SIGKILL)
+    name, _, rest = spec.partition(":")
+    at, _, action = rest.partition(":")
+    if name != point or not (not at or step is None or int(at) == step):
+        return
+    if action == "error":
+        raise RuntimeError(f"failpoint {point} at step {step}")
+    if action == "oom":
+        import torch
+
+        raise torch.OutOfMemoryError(f"failpoint {point}: CUDA out of memory (stand-in)")
+    os.kill(os.getpid(), signal.SIGKILL)

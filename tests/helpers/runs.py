@@ -16,6 +16,9 @@ def child_env(**extra: str) -> dict[str, str]:
     """Environment for child processes: one OpenMP thread, no hub, no W&B."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    # A wandb service started in the test process (wandb keeps its token in os.environ) must
+    # not be shared by the children: each real run starts its own.
+    env.pop("WANDB_SERVICE", None)
     env.update(extra)
     return env
 

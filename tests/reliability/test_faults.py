@@ -14,21 +14,19 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from helpers.runs import PYTHON, REPO, run, step_logs, write_recipe
+from helpers.recipes import write_recipe
+from helpers.runs import PYTHON, REPO, run, step_logs
 from maxent_grpo.train.checkpoints import CHECKPOINT_MARKER, list_checkpoints, run_is_complete
 
 pytestmark = pytest.mark.integration
 
 GRPO = str(REPO / "src" / "grpo.py")
-SMOKE = REPO / "recipes" / "smoke" / "config_grpo.yaml"
 STEPS = 6
 
 
 def recipe(folder: Path, tiny_model: Path, **overrides) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
     settings = dict(
         model_name_or_path=str(tiny_model),
-        output_dir=str(folder / "out"),
         dataset_num_rows=128,
         max_completion_length=12,
         max_steps=STEPS,
@@ -36,7 +34,7 @@ def recipe(folder: Path, tiny_model: Path, **overrides) -> Path:
         save_total_limit=1,
     )
     settings.update(overrides)
-    return write_recipe(folder / "recipe.yaml", SMOKE, **settings)
+    return write_recipe(folder, **settings)
 
 
 def train(path: Path, **env) -> int:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from helpers.flaky_rewards import hangs_on_odd, raises_on_odd
-from helpers.runs import PYTHON, REPO, run, step_logs, write_recipe
+from helpers.recipes import write_recipe
+from helpers.runs import PYTHON, REPO, run, step_logs
 from maxent_grpo.rewards import GuardedReward, get_reward_funcs, guard_rewards
 
 COMPLETIONS = ["a", "b", "c", "d"]
@@ -45,10 +46,8 @@ def test_healthy_rewards_pass_through_unchanged():
 @pytest.mark.integration
 def test_training_survives_a_reward_that_raises(tmp_path, tiny_model):
     recipe = write_recipe(
-        tmp_path / "recipe.yaml",
-        REPO / "recipes" / "smoke" / "config_grpo.yaml",
+        tmp_path,
         model_name_or_path=str(tiny_model),
-        output_dir=str(tmp_path / "out"),
         reward_funcs=["answer_match", "tests.helpers.flaky_rewards:raises_on_odd"],
         reward_weights=[1.0, 1.0],
         dataset_num_rows=64,

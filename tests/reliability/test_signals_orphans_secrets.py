@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from helpers.procs import wait_until_gone
-from helpers.runs import REPO, child_env, write_recipe
+from helpers.recipes import write_recipe
+from helpers.runs import REPO, child_env
 from maxent_grpo.train.checkpoints import last_complete_checkpoint, run_is_complete
 
 pytestmark = pytest.mark.integration
@@ -26,16 +27,12 @@ MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")
 def recipe(tmp_path: Path, tiny_model: Path, **overrides) -> Path:
     settings = dict(
         model_name_or_path=str(tiny_model),
-        output_dir=str(tmp_path / "out"),
         dataset_num_rows=128,
         max_completion_length=12,
         max_steps=4,
         save_steps=1000,
     )
-    settings.update(overrides)
-    return write_recipe(
-        tmp_path / "recipe.yaml", REPO / "recipes/smoke/config_grpo.yaml", **settings
-    )
+    return write_recipe(tmp_path, **{**settings, **overrides})
 
 
 def launch(tmp_path: Path, path: Path, **env) -> subprocess.Popen:
@@ -120,7 +117,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_resumes(tmp_path, tiny_model):
     assert_nothing_left(tmp_path)
 
     # The same command resumes from that checkpoint.
-    write_recipe(path, path, max_steps=int(checkpoint.name.split("-")[1]) + 2)
+    write_recipe(tmp_path, base=path, max_steps=int(checkpoint.name.split("-")[1]) + 2)
     assert launch(tmp_path, path).wait(timeout=300) == 0
     assert f"Resuming from {checkpoint}" in "".join(
         p.read_text() for p in (tmp_path / "logs").glob("*_train.log")

@@ -1,16 +1,21 @@
-"""Fixtures for tests that need a real (single-node) Slurm cluster.
+"""Fixtures for tests that need a real Slurm cluster: one node, or several (marker multinode).
 
 The cluster is managed by ``tests/slurm/cluster.sh``; see that script for details. Tests use the
-session-scoped ``slurm_cluster`` fixture::
+session-scoped ``slurm_cluster`` fixture (one node, this host)::
 
     def test_something(slurm_cluster, tmp_path):
         job_id = slurm_cluster.submit(["-c", "1", "-o", str(tmp_path / "out"), "--wrap", "true"],
                                       cwd=tmp_path)
         assert slurm_cluster.wait(job_id, timeout=30) == "COMPLETED"
 
-Skipping policy: the tests are skipped only when ``MAXENT_GRPO_SLURM_TESTS`` is unset (or ``0``)
-and ``sbatch`` is not installed. With ``MAXENT_GRPO_SLURM_TESTS=1`` (CI) a cluster that fails to
-start is a test error, never a skip.
+or ``multinode_cluster`` (3 nodes, each a network namespace with its own hostname and address;
+tests marked ``multinode``, run by ``make test-multinode``). Only one layout runs at a time:
+a fixture asking for the other node count restarts the cluster.
+
+Skipping policy: the single-node tests are skipped only when ``MAXENT_GRPO_SLURM_TESTS`` is unset
+(or ``0``) and ``sbatch`` is not installed. The multi-node tests run only with
+``MAXENT_GRPO_MULTINODE_TESTS=1`` (they create network namespaces as root). When the variable
+asks for the tests, a cluster that fails to start is a test error, never a skip.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +35,10 @@ import pytest
 HERE = Path(__file__).resolve().parent
 CLUSTER_SH = HERE / "cluster.sh"
 ENABLE_VAR = "MAXENT_GRPO_SLURM_TESTS"
+MULTINODE_VAR = "MAXENT_GRPO_MULTINODE_TESTS"
+MULTINODE_NODES = 3
+# Figures measured by the tests (cluster start, detection times), shown after the run.
+TIMINGS: dict[str, float] = {}
 
 # Job states after which a job will not change again on its own.
 TERMINAL_STATES = frozenset(
@@ -48,15 +58,32 @@ TERMINAL_STATES = frozenset(
     }
 )
 
+# Reasons a job stays PENDING forever on the test cluster (e.g. more CPUs than a node has):
+# waiting for those would only burn the timeout.
+HOPELESS_REASONS = frozenset(
+    {"PartitionConfig", "BadConstraints", "PartitionNodeLimit", "DependencyNeverSatisfied"}
+)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slurm: needs a real Slurm cluster")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Multi-node tests stay out of `-m slurm`: the two suites need different clusters. The
+    # fresh-clone test (a whole new environment, minutes of installs) has its own target.
+    own_suites = ("multinode", "freshclone")
     for item in items:
-        if HERE in Path(item.path).resolve().parents:
+        in_here = HERE in Path(item.path).resolve().parents
+        if in_here and not any(item.get_closest_marker(m) for m in own_suites):
             item.add_marker(pytest.mark.slurm)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if TIMINGS:
+        terminalreporter.section("Slurm test cluster figures")
+        for name, value in TIMINGS.items():
+            terminalreporter.write_line(f"{name}: {value:.1f}")
 
 
 def _parse_job_record(line: str) -> dict[str, str]:
@@ -78,8 +105,10 @@ class SlurmCluster:
     conf: Path
     state_dir: Path
     started_here: bool
+    nodes: tuple[str, ...] = ()
     cluster_sh: Path = CLUSTER_SH
     timings: dict[str, float] = field(default_factory=dict)
+    """Figures measured by the tests (shared by all tests; printed after the run)."""
 
     def run(
         self, args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None, timeout: float = 30
@@ -144,6 +173,9 @@ class SlurmCluster:
             if states and all(s in TERMINAL_STATES for s in states):
                 failed = [s for s in states if s != "COMPLETED"]
                 return failed[0] if failed else "COMPLETED"
+            hopeless = [r for r in last if r.get("Reason") in HOPELESS_REASONS]
+            if hopeless:
+                raise RuntimeError(f"job {job_id} can never start: {hopeless[0]}")
             if not states:
                 # Just submitted ids are always known; give a short grace period, then fail.
                 unknown_since = unknown_since or time.monotonic()
@@ -159,14 +191,42 @@ class SlurmCluster:
     def cancel(self, job_id: str) -> None:
         self.run(["scancel", str(job_id)])
 
-    def cluster(self, command: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        """Run ``cluster.sh <command>`` (start|stop|status|env)."""
-        return _cluster_sh(command, timeout=timeout)
+    def cluster(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        """Run ``cluster.sh *args`` (start [--nodes N]|stop|status|env|kill-node N|node-pids N)."""
+        return _cluster_sh(*args, timeout=timeout)
+
+    def node_state(self, node: str) -> str:
+        """Slurm's state of one node (``idle``, ``down*``, ...)."""
+        proc = self.run(["sinfo", "-h", "-N", "-n", node, "-p", "debug", "-o", "%T"])
+        return proc.stdout.strip()
+
+    def node_record(self, node: str) -> dict[str, str]:
+        """``scontrol show node -o NODE`` as a dict (NodeAddr, CPUTot, State, ...)."""
+        (record,) = (
+            _parse_job_record(line)
+            for line in self.run(["scontrol", "show", "node", "-o", node]).stdout.splitlines()
+        )
+        return record
+
+    def node_addr(self, node: str) -> str:
+        return self.node_record(node)["NodeAddr"]
+
+    def node_cpus(self, node: str) -> int:
+        """The CPUs Slurm schedules on a node (the advertised count, not the machine's)."""
+        return int(self.node_record(node)["CPUTot"])
+
+    def job_nodes(self, job_id: str) -> list[str]:
+        """The job's nodes in Slurm's order (empty while it has none)."""
+        (record,) = self.job_records(job_id)
+        nodelist = record.get("NodeList", "(null)")
+        if nodelist in ("", "(null)"):
+            return []
+        return self.run(["scontrol", "show", "hostnames", nodelist]).stdout.split()
 
 
-def _cluster_sh(command: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def _cluster_sh(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(CLUSTER_SH), command],
+        ["bash", str(CLUSTER_SH), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -187,34 +247,47 @@ def _cluster_env() -> dict[str, str]:
     return exported
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
-    flag = os.environ.get(ENABLE_VAR, "")
-    if flag == "0":
-        pytest.skip(f"Slurm tests disabled by {ENABLE_VAR}=0")
-    if not flag and shutil.which("sbatch") is None:
-        pytest.skip(f"sbatch not installed (set {ENABLE_VAR}=1 to install and run a test cluster)")
+def _running_nodes() -> int | None:
+    """Node count of the healthy cluster running now, or None."""
+    if _cluster_sh("status", timeout=60).returncode != 0:
+        return None
+    return int(_cluster_env().get("SLURM_TEST_NODES", "1"))
 
-    healthy_before = _cluster_sh("status", timeout=60).returncode == 0
+
+@contextmanager
+def _cluster(nodes: int) -> Iterator[SlurmCluster]:
+    """Start (or reuse) a cluster of ``nodes`` nodes; stop it afterwards if started here."""
+    running = _running_nodes()
     t0 = time.monotonic()
-    started = _cluster_sh("start")
+    started = _cluster_sh("start", "--nodes", str(nodes))
     start_s = time.monotonic() - t0
     if started.returncode != 0:
         # Deliberately an error, not a skip: the environment asked for Slurm tests.
         raise RuntimeError(
-            f"tests/slurm/cluster.sh start failed ({started.returncode}):\n"
+            f"tests/slurm/cluster.sh start --nodes {nodes} failed ({started.returncode}):\n"
             f"{started.stdout[-4000:]}\n{started.stderr[-4000:]}"
         )
+    TIMINGS[f"cluster start, {nodes} node(s) (s)"] = start_s
 
     exported = _cluster_env()
     env = dict(os.environ)
     env.update(exported)
+    conf = Path(exported["SLURM_CONF"])
+    names = subprocess.run(
+        ["sinfo", "-h", "-N", "-p", "debug", "-o", "%N"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.split()
     cluster = SlurmCluster(
         env=env,
-        conf=Path(exported["SLURM_CONF"]),
-        state_dir=Path(exported.get("SLURM_TEST_DIR", Path(exported["SLURM_CONF"]).parent.parent)),
-        started_here=not healthy_before,
-        timings={"start_s": start_s},
+        conf=conf,
+        state_dir=Path(exported.get("SLURM_TEST_DIR", conf.parent.parent)),
+        started_here=running != nodes,
+        nodes=tuple(names),
+        timings=TIMINGS,
     )
     try:
         yield cluster
@@ -223,3 +296,23 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             stopped = _cluster_sh("stop", timeout=180)
             if stopped.returncode != 0:
                 raise RuntimeError(f"cluster.sh stop failed:\n{stopped.stderr[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    flag = os.environ.get(ENABLE_VAR, "")
+    if flag == "0":
+        pytest.skip(f"Slurm tests disabled by {ENABLE_VAR}=0")
+    if not flag and shutil.which("sbatch") is None:
+        pytest.skip(f"sbatch not installed (set {ENABLE_VAR}=1 to install and run a test cluster)")
+    with _cluster(1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def multinode_cluster() -> Iterator[SlurmCluster]:
+    if os.environ.get(MULTINODE_VAR, "") != "1":
+        pytest.skip(f"multi-node Slurm tests need {MULTINODE_VAR}=1 and root (make test-multinode)")
+    with _cluster(MULTINODE_NODES) as cluster:
+        assert len(cluster.nodes) == MULTINODE_NODES, cluster.nodes
+        yield cluster

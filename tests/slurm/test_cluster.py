@@ -137,3 +137,15 @@ def test_env_points_clients_at_state_dir(slurm_cluster):
         check=True,
     )
     assert "maxentgrpo-test" in proc.stdout
+
+
+def test_wait_fails_fast_for_a_job_that_can_never_start(slurm_cluster, tmp_path):
+    too_big = str(2 * slurm_cluster.node_cpus(slurm_cluster.nodes[0]))
+    job = slurm_cluster.submit(["-c", too_big, "--wrap", "true"], cwd=tmp_path)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="can never start"):
+            slurm_cluster.wait(job, timeout=60)
+        assert time.monotonic() - t0 < 15
+    finally:
+        slurm_cluster.cancel(job)

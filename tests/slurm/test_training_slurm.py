@@ -14,27 +14,26 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from safetensors.torch import load_file
 
+from helpers.recipes import write_recipe
+
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = REPO / "recipes" / "smoke" / "config_grpo.yaml"
 MAXENT_GRPO = str(Path(sys.executable).parent / "maxent-grpo")
 
 
 def recipe(tmp_path: Path, name: str = "recipe.yaml", **overrides) -> Path:
-    data = yaml.safe_load(SMOKE.read_text())
-    data.update(
-        output_dir=str(tmp_path / "out"),
+    # One thread per trainer in every run, in and out of Slurm: the launcher would otherwise share
+    # out the CPUs the job holds (32 on the test node), and another thread count changes float
+    # sums enough (1e-4 after 400 steps) to fail the exact-resume comparisons.
+    small = dict(
         dataset_num_rows=256,
         max_completion_length=16,
         max_steps=12,
         save_steps=1000,
+        env={"OMP_NUM_THREADS": "1"},
     )
-    data.update(overrides)
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return write_recipe(tmp_path, name=name, **{**small, **overrides})
 
 
 def sbatch_training(cluster, tmp_path: Path, recipe_path: Path, *sbatch_args: str) -> str:
@@ -42,6 +41,7 @@ def sbatch_training(cluster, tmp_path: Path, recipe_path: Path, *sbatch_args: st
     args = [
         *sbatch_args,
         f"--output={tmp_path}/slurm_%j.out",
+        f"--error={tmp_path}/slurm_%j.err",  # training.sh's own: logs/ of the repository
         "training.sh",
         "--config",
         str(recipe_path),
@@ -52,7 +52,10 @@ def sbatch_training(cluster, tmp_path: Path, recipe_path: Path, *sbatch_args: st
 
 
 def slurm_out(tmp_path: Path) -> str:
-    return "\n".join(p.read_text() for p in sorted(tmp_path.glob("slurm_*.out")))
+    """What the jobs wrote: every slurm_<job>.out, then every .err."""
+    files = [*sorted(tmp_path.glob("slurm_*.out")), *sorted(tmp_path.glob("slurm_*.err"))]
+    # errors="replace": nodes of a multi-node job write one file, a character may be cut.
+    return "\n".join(p.read_text(errors="replace") for p in files)
 
 
 def train_logs(tmp_path: Path) -> list[Path]:
@@ -84,7 +87,6 @@ def local_reference_run(tmp_path: Path, **overrides) -> Path:
         capture_output=True,
         text=True,
         timeout=600,
-        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return folder / "out"
@@ -108,14 +110,31 @@ def test_sbatch_training_sh_runs_smoke_recipe_to_completion(slurm_cluster, tmp_p
     assert f"job{job}" in log.name
 
 
+def elapsed_s(record: dict[str, str]) -> int:
+    """A job's RunTime ([D-]HH:MM:SS) in seconds."""
+    days, _, clock = record["RunTime"].rpartition("-")
+    hours, minutes, seconds = (int(x) for x in clock.split(":"))
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
 def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluster, tmp_path):
-    # Long enough that the time-limit signal (15-45 s after start) lands mid-training.
     steps = 400
     path = recipe(tmp_path, max_steps=steps)
     job = sbatch_training(
-        slurm_cluster, tmp_path, path, "--time=1", "--signal=B:USR1@45", "--requeue"
+        slurm_cluster, tmp_path, path, "--time=10", "--signal=B:USR1@100", "--requeue"
     )
-    wait_for(lambda: "requeueing " in slurm_out(tmp_path), 150, "the first attempt to requeue")
+    # Slurm sends the signal at the first 30 s tick at which the time left is at most 100 + 30 s,
+    # so a short limit from the start could signal the job before training starts. Shorten the
+    # limit once training runs: 60-120 s left, so the signal comes within 30 s, mid-training,
+    # with at least 30 s to checkpoint and requeue.
+    wait_for(
+        lambda: "'loss'" in "".join(p.read_text() for p in train_logs(tmp_path)), 240, "training"
+    )
+    (record,) = slurm_cluster.job_records(job)
+    minutes = elapsed_s(record) // 60 + 2
+    update = slurm_cluster.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"])
+    assert update.returncode == 0, update.stderr
+    wait_for(lambda: "requeueing " in slurm_out(tmp_path), 60, "the first attempt to requeue")
     # Give the second attempt room to finish (the first one proved the signal path).
     slurm_cluster.run(["scontrol", "update", f"JobId={job}", "TimeLimit=15"])
     assert slurm_cluster.wait(job, timeout=600) == "COMPLETED", slurm_out(tmp_path)
@@ -178,8 +197,16 @@ def test_bad_recipe_in_an_array_does_not_burn_retries(slurm_cluster, tmp_path):
     assert "unknown key 'num_generation'" in errors[0]
 
 
-def test_bad_recipe_is_rejected_before_queueing(slurm_cluster, tmp_path):
-    path = recipe(tmp_path, num_generations=3)  # 4 per device x 2 processes: not divisible
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        (dict(num_generations=3), "num_generations (3)"),  # 8 x 2 processes: not divisible
+        # A reward is the trainers' check inside the allocation: sbatch/submit run it first.
+        (dict(reward_funcs=["no_such_reward"], reward_weights=None), "no_such_reward"),
+    ],
+)
+def test_bad_recipe_is_rejected_before_queueing(slurm_cluster, tmp_path, bad, named):
+    path = recipe(tmp_path, **bad)
     before = slurm_cluster.run(["squeue", "-h", "-o", "%i"]).stdout
     for command in ("sbatch", "submit"):
         result = subprocess.run(
@@ -192,7 +219,7 @@ def test_bad_recipe_is_rejected_before_queueing(slurm_cluster, tmp_path):
         )
         assert result.returncode == 2, result.stderr
         (line,) = result.stderr.strip().splitlines()
-        assert line.startswith("error: ") and "num_generations (3)" in line, line
+        assert line.startswith("error: ") and named in line, line
     assert slurm_cluster.run(["squeue", "-h", "-o", "%i"]).stdout == before
 
 
@@ -227,8 +254,10 @@ def test_submitit_preempted_job_requeues_resumes_and_completes(slurm_cluster, tm
         240,
         "training to start",
     )
-    # What Slurm does before a time limit (and on preemption): USR2 to the job's processes.
-    slurm_cluster.run(["scancel", "--signal=USR2", job])
+    # What Slurm does before the time limit (submit asks for --signal=B:USR2@...): USR2 to the
+    # batch shell only.
+    signalled = slurm_cluster.run(["scancel", "--batch", "--signal=USR2", job])
+    assert signalled.returncode == 0, signalled.stderr
     assert slurm_cluster.wait(job, timeout=600) == "COMPLETED"
 
     logs = train_logs(tmp_path)

@@ -6,8 +6,11 @@ lifecycle is what is tested.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from helpers.procs import wait_until_gone
-from helpers.runs import REPO, child_env, log_history, write_recipe
+from helpers.recipes import SMOKE_VLLM, write_recipe
+from helpers.runs import REPO, child_env, log_history
 from maxent_grpo.train.checkpoints import run_is_complete
 
 pytestmark = pytest.mark.vllm
 
-SMOKE_VLLM = REPO / "recipes" / "smoke" / "config_grpo_vllm.yaml"
-MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")
+MAXENT_GRPO = str(Path(sys.executable).parent / "maxent-grpo")  # this venv's launcher
 
 
 def measured(name: str, value: float, unit: str = "s") -> None:
@@ -31,9 +34,10 @@ def measured(name: str, value: float, unit: str = "s") -> None:
 class Streamed:
     """A command's merged output, line by line, with the time each line arrived."""
 
-    def __init__(self, args: list[str], timeout: float = 900, **env: str):
+    def __init__(self, args: list[str], timeout: float = 900, on_line=None, **env: str):
         self.start = time.monotonic()
         self.lines: list[tuple[float, str]] = []
+        self.on_line = on_line or (lambda line: None)  # called in the reader thread
         self.proc = subprocess.Popen(
             args,
             cwd=REPO,
@@ -55,6 +59,7 @@ class Streamed:
     def _read(self) -> None:
         for line in self.proc.stdout:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
+            self.on_line(line)
 
     @property
     def text(self) -> str:
@@ -104,8 +109,8 @@ def test_training_sh_smoke_recipe_serves_trains_and_stops_everything(tmp_path, t
 def test_trainer_crash_stops_the_server_and_leaves_no_process(tmp_path, tiny_model):
     out, logs = tmp_path / "out", tmp_path / "logs"
     recipe = write_recipe(
-        tmp_path / "recipe.yaml",
-        SMOKE_VLLM,
+        tmp_path,
+        base=SMOKE_VLLM,
         model_name_or_path=str(tiny_model),
         output_dir=str(out),
         reward_funcs=["tests.helpers.crashing_rewards:boom"],
@@ -129,11 +134,12 @@ def test_trainer_crash_stops_the_server_and_leaves_no_process(tmp_path, tiny_mod
 
 
 def test_server_that_dies_at_start_fails_in_seconds_with_its_log(tmp_path, tiny_model):
-    """A setting only vLLM rejects (context longer than the model's): no trainer starts."""
+    """A setting only vLLM rejects (context longer than the model's): the trainers, started
+    beside the server, are stopped too."""
     logs = tmp_path / "logs"
     recipe = write_recipe(
-        tmp_path / "recipe.yaml",
-        SMOKE_VLLM,
+        tmp_path,
+        base=SMOKE_VLLM,
         model_name_or_path=str(tiny_model),
         output_dir=str(tmp_path / "out"),
         vllm_max_model_length=4096,  # the tiny model has 1024 positions
@@ -147,10 +153,53 @@ def test_server_that_dies_at_start_fails_in_seconds_with_its_log(tmp_path, tiny_
     assert int(match.group(1)) != 0
     died_after = float(match.group(2))
     measured("server death at start: vLLM's own time to exit", died_after)
-    measured("server exit -> error reported", when - started - died_after)
+    measured("server exit -> error reported, trainers stopped", when - started - died_after)
+    assert when - started - died_after < 20  # a poll, the trainers' 3 s grace, teardown
     error_at = [i for i, (_, line) in enumerate(run.lines) if line.startswith("error: vLLM")][0]
     tail = "\n".join(line for _, line in run.lines[error_at + 1 :])
     assert "max_model_len" in tail or "max-model-len" in tail
-    assert not list(logs.glob("*_train.log"))
+    assert "stopping training: the vLLM server did not start" in run.text
     assert not wait_until_gone({int(server_pid(run))}, marker=str(tmp_path), timeout=10)[0]
     assert Path(logs).is_dir()
+
+
+def test_server_killed_during_start_up_stops_everything_in_seconds(tmp_path, tiny_model):
+    """SIGKILL to the booting server (its API process) while the trainers load: the launcher
+    stops the trainers and the server's other processes and exits as a user error."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    recipe = write_recipe(
+        tmp_path, base=SMOKE_VLLM, model_name_or_path=str(tiny_model), output_dir=str(out)
+    )
+    killed = {}
+
+    def kill_booting_server(line: str) -> None:
+        if match := re.search(r"vLLM server starting \(pid (\d+)\)", line):
+            pid = int(match.group(1))
+            killed["timer"] = threading.Timer(KILL_AFTER_S, _kill, (pid, killed))
+            killed["timer"].start()
+
+    run = Streamed(
+        [MAXENT_GRPO, "run", "--config", str(recipe), "--logs-dir", str(logs)],
+        on_line=kill_booting_server,
+    )
+    assert "at" in killed, run.text[-6000:]  # killed before it was healthy
+    assert "vLLM server healthy" not in run.text
+    assert run.returncode == 2, run.text[-6000:]
+    assert re.search(r"^error: vLLM server was killed by signal 9 ", run.text, re.M)
+    assert "stopping training: the vLLM server did not start" in run.text
+    left, waited = wait_until_gone(marker=str(tmp_path), timeout=10)
+    assert not left, left
+    measured("server killed during start-up -> launcher exit", run.ended - killed["at"])
+    assert run.ended - killed["at"] < 30  # the trainers' stop grace is 10 s
+    assert not run_is_complete(out)
+
+
+KILL_AFTER_S = 8  # the trainers are importing or loading by then; vLLM is not healthy yet
+
+
+def _kill(pid: int, killed: dict) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        killed["at"] = time.monotonic()
+    except ProcessLookupError:
+        pass

@@ -18,14 +18,15 @@ import requests
 import torch
 
 from helpers.procs import wait_until_gone
-from helpers.runs import REPO, child_env, log_history, write_recipe
-from maxent_grpo.launch.plan import Environment, LaunchRequest, Ports, make_plan
+from helpers.recipes import SMOKE_VLLM, write_recipe
+from helpers.runs import REPO, child_env, log_history
+from maxent_grpo.launch.plan import Environment, Ports, make_plan
 from maxent_grpo.launch.processes import free_port
 from maxent_grpo.launch.server import VLLMServer, probe
+from maxent_grpo.recipe import read_recipe
 
 pytestmark = pytest.mark.vllm
 
-SMOKE_VLLM = REPO / "recipes" / "smoke" / "config_grpo_vllm.yaml"
 GRPO = str(REPO / "src" / "grpo.py")
 TOLERANCE = 1e-5  # float32 on both sides
 TEXT = "What is the sum of 12 plus 30? <think> 12 plus 30 </think> <answer> 42 </answer>"
@@ -40,8 +41,8 @@ def served(tmp_path_factory, tiny_model):
     """(plan, url, model id, tmp dir): a CPU vLLM server for the recipe this module trains."""
     tmp = tmp_path_factory.mktemp("vllm-server")
     recipe = write_recipe(
-        tmp / "recipe.yaml",
-        SMOKE_VLLM,
+        tmp,
+        base=SMOKE_VLLM,
         model_name_or_path=str(tiny_model),
         output_dir=str(tmp / "out"),
         max_steps=3,
@@ -51,14 +52,11 @@ def served(tmp_path_factory, tiny_model):
         reward_weights=[1.0],
         max_completion_length=16,
     )
-    request = LaunchRequest(
-        recipe=str(recipe),
-        entry_script=GRPO,
+    request = read_recipe(["--config", str(recipe)]).with_values(
         use_vllm=True,
         vllm_mode="server",
-        model=str(tiny_model),
-        max_model_len=512,
-        vllm_gpu_memory_utilization=0.1,
+        vllm_max_model_length=512,
+        vllm_server_gpu_memory_utilization=0.1,
         vllm_server_device="cpu",
         vllm_weight_sync="disk",
         vllm_server_dtype="float32",

@@ -1,7 +1,8 @@
 """The in-allocation launcher: recipe -> checks -> plan -> (server) -> accelerate launch -> wait.
 
-training.sh (local or under sbatch), the submitit launcher and `maxent-grpo run` all call
-`launch()`. Effects live here; decisions live in plan.py, configs.py and checkpoints.py.
+training.sh (local or under sbatch), the submitit launcher and `maxent-grpo run` all run one
+`Attempt`. Effects live here (processes, signals, files, the run's event log); decisions live
+in recipe/ (keys, checks), methods.py, plan.py and train/checkpoints.py.
 """
 
 from __future__ import annotations
@@ -9,54 +10,86 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from maxent_grpo.configs import LaunchArguments
-from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError
-from maxent_grpo.launch.plan import (
-    Environment,
-    LaunchRequest,
-    Plan,
-    Ports,
-    make_plan,
-    parse_visible_devices,
+from maxent_grpo.errors import EXIT_USER_ERROR, UserError
+from maxent_grpo.launch.outcomes import (
+    STOP_CLASSES,
+    Outcome,
+    classify,
+    is_permanent,
+    previous_outcome,
 )
+from maxent_grpo.launch.overrides import EnvOverrides, env_overrides, server_environ
+from maxent_grpo.launch.plan import Environment, Plan, Ports, make_plan, parse_visible_devices
 from maxent_grpo.launch.processes import Child, free_port, slurm_nodes
-from maxent_grpo.launch.server import ServerWaitCancelled, start_server, wait_for_training
-from maxent_grpo.launch.slurm import requeue, should_requeue, slurm_job, user_error_marker
+from maxent_grpo.launch.requirements import check_installed
+from maxent_grpo.launch.server import ServerWaitCancelled, launch_server
+from maxent_grpo.launch.slurm import (
+    job_record,
+    requeue,
+    should_requeue,
+    slurm_job,
+    user_error_marker,
+)
+from maxent_grpo.launch.watchdog import Watchdog, Watched, stop_hung, watch_training
+from maxent_grpo.recipe import RecipeKeys, read_recipe
+from maxent_grpo.recipe.checks import check_keys
+from maxent_grpo.runs.events import emit
 from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
 from maxent_grpo.train.checkpoints import (
     clear_stop_request,
     last_complete_checkpoint,
+    list_checkpoints,
     request_stop,
     run_is_complete,
+    stop_request_reason,
     stop_requested,
 )
+from maxent_grpo.train.heartbeat import clear_heartbeats, heartbeat_dir
 
-SRC_DIR = Path(__file__).resolve().parents[2]
-METHODS = {"grpo": "grpo.py", "maxent": "maxent-grpo.py"}
-
-
-def recipe_types(method: str):
-    from maxent_grpo import configs
-
-    if method == "maxent":
-        from maxent_grpo.maxent.config import MAXENT_TYPES
-
-        return MAXENT_TYPES
-    return configs.GRPO_TYPES
+# How long the trainers may take to finish a step and save after a SIGTERM reached every
+# process (Slurm preemption, scancel): torchrun's agent waits this long before it SIGKILLs
+# its workers (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, unless set), and so does the launcher.
+STOP_DRAIN_S = 300
 
 
 @dataclass(frozen=True)
-class LaunchOptions:
+class RunRequest:
+    """What the command line asks for: a recipe, a method, a run name, recipe overrides."""
+
     recipe: str
-    method: str = "grpo"
+    method: str | None = None  # None: the recipe's `method:` key, else grpo
     run_name: str | None = None
     overrides: tuple[str, ...] = ()
     logs_dir: Path = Path("logs")
+
+    def argv(self, env_flags: tuple[str, ...] = ()) -> list[str]:
+        """The recipe's argv: --config, flags from the environment (launch/overrides.py), the
+        run name's output_dir/run_name, the command line's overrides (the last one wins)."""
+        named = ()
+        if self.run_name:
+            output_dir = str(Path("outputs") / self.run_name)
+            named = ("--output_dir", output_dir, "--run_name", self.run_name)
+        return ["--config", self.recipe, *env_flags, *named, *self.overrides]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A recipe's checked keys and the plan that runs it."""
+
+    keys: RecipeKeys  # typed sections are built in the trainers (TRL is slow to import)
+    plan: Plan
+    notes: tuple[str, ...] = ()  # which environment variable overrode which key
+
+    def describe(self) -> str:
+        """The plan as `maxent-grpo plan` and the launcher print it."""
+        overridden = [f"environment override: {note}" for note in self.notes]
+        return "\n".join([*overridden, self.plan.describe()])
 
 
 def environment_from_os(environ=os.environ) -> Environment:
@@ -67,72 +100,84 @@ def environment_from_os(environ=os.environ) -> Environment:
         or slurm_nodes(environ)
         or ("localhost",)
     )
-    return Environment(gpus=gpus, nodes=nodes, python=sys.executable)
+    return Environment(gpus=gpus, nodes=nodes, python=sys.executable, cpus=allocated_cpus(environ))
 
 
-def _run_overrides(options: LaunchOptions) -> tuple[str, ...]:
-    if not options.run_name:
-        return options.overrides
-    output_dir = str(Path("outputs") / options.run_name)
-    return ("--output_dir", output_dir, "--run_name", options.run_name) + options.overrides
-
-
-def _request(options: LaunchOptions, values, argv: list[str]) -> LaunchRequest:
-    return LaunchRequest(
-        recipe=options.recipe,
-        entry_script=str(SRC_DIR / METHODS[options.method]),
-        use_vllm=values.use_vllm,
-        vllm_mode=values.vllm_mode,
-        vllm_tensor_parallel_size=values.vllm_tensor_parallel_size,
-        num_processes=values.num_processes,
-        accelerate_config=values.accelerate_config,
-        model=values.model_name_or_path or "",
-        max_model_len=values.vllm_max_model_length,
-        vllm_gpu_memory_utilization=values.vllm_server_gpu_memory_utilization,
-        extra_args=tuple(argv[2:]),
-        model_revision=values.model_revision,
-        trust_remote_code=values.trust_remote_code,
-        vllm_server_device=values.vllm_server_device,
-        vllm_weight_sync=values.vllm_weight_sync,
-        vllm_server_dtype=values.vllm_server_dtype,
-        vllm_server_enforce_eager=values.vllm_server_enforce_eager,
-        vllm_server_timeout=values.vllm_server_timeout,
-        vllm_server_base_url=values.vllm_server_base_url,
-    )
+def allocated_cpus(environ=os.environ) -> int:
+    """CPUs this node gives the job: the CPUs this process may run on, capped by Slurm's
+    count (--cpus-per-task, else the node's share) where Slurm does not bind CPUs itself."""
+    usable = len(os.sched_getaffinity(0))
+    for variable in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
+        value = environ.get(variable, "")
+        if value.isdigit() and int(value) > 0:
+            return min(usable, int(value))
+    return usable
 
 
 def prepare(
-    options: LaunchOptions, environ=os.environ, environment: Environment | None = None
-) -> tuple[Plan, tuple]:
+    request: RunRequest,
+    environ=os.environ,
+    environment: Environment | None = None,
+    packages: bool = True,
+    full: bool = False,
+) -> Prepared:
     """Everything before a process starts: parse, make the tiny model if asked, plan, check.
 
+    Imports no torch, TRL, transformers or datasets (seconds per attempt): the keys come from
+    the committed schema, and only the checks the values decide run here (recipe/checks.py
+    check_keys). The typed sections, with TRL's own checks, rewards and data columns, are
+    built and checked once, in the trainers.
+
+    full: `maxent-grpo check`: build and check the typed recipe as the trainers will, for the
+    plan's processes (a superset of check_keys; imports TRL: seconds).
+
     environment: the allocation to plan for (default: this machine's, from environ).
+    packages: check that this environment has the packages the recipe needs (vLLM, DeepSpeed,
+    PEFT; launch/requirements.py); `maxent-grpo plan` only describes and skips it.
     Raises UserError (one line) for anything wrong with the recipe or the allocation.
     """
-    from maxent_grpo.configs import parse_recipe, recipe_values
-    from maxent_grpo.preflight import check_launch, check_recipe
+    overrides = env_overrides(environ)
+    keys = read_recipe(request.argv(overrides.flags), _method(request, overrides))
+    if packages:
+        from maxent_grpo.recipe.problems import rule
 
-    types = recipe_types(options.method)
-    argv = ["--config", options.recipe, *_run_overrides(options)]
-    values = recipe_values(argv, types)
-    if values.model_name_or_path and Path(values.model_name_or_path) == DEFAULT_TINY_MODEL_DIR:
+        with rule(keys.path):  # under `maxent-grpo check`, reported with the recipe's problems
+            check_installed(keys.path, keys.values)
+    if keys.model_name_or_path and Path(keys.model_name_or_path) == DEFAULT_TINY_MODEL_DIR:
         ensure_tiny_model(DEFAULT_TINY_MODEL_DIR)
-    ports = Ports(vllm=free_port(), vllm_group=free_port(), main_process=free_port())
+    vllm_port = overrides.vllm_port or free_port()
+    ports = Ports(vllm=vllm_port, vllm_group=free_port(), main_process=free_port())
     environment = environment or environment_from_os(environ)
-    if values.use_cpu:
+    if keys.use_cpu:
         # use_cpu: true trains on CPU even where GPUs are visible (e.g. Slurm's fake GPUs).
         environment = dataclasses.replace(environment, gpus=())
-    plan = make_plan(environment, _request(options, values, argv), ports)
-    check_argv = argv
+    plan = make_plan(environment, keys, ports)
+    if full:
+        _build_and_check(keys, plan)
+    else:
+        check_keys(keys, plan.train.num_processes)
+    return Prepared(keys=keys, plan=plan, notes=overrides.notes)
+
+
+def _build_and_check(keys: RecipeKeys, plan: Plan) -> None:
+    """Every check of the trainers (TRL's, rewards, data columns, benchmarks) for the plan."""
+    from maxent_grpo.recipe import build_recipe
+    from maxent_grpo.recipe.checks import check_recipe
+
     if plan.device == "cpu" or not _cuda_here():
-        # A GPU recipe is checked on a login node too: parse it as if on CPU (bf16 etc.).
-        check_argv = [*argv, "--use_cpu", "true"]
-    parsed = parse_recipe(check_argv, types, world_size=plan.train.num_processes)
-    script_args, training_args, model_args = parsed[:3]
-    mixture = check_recipe(script_args, training_args, model_args)
-    check_launch(next(p for p in parsed if isinstance(p, LaunchArguments)))
-    parsed = (dataclasses.replace(script_args, dataset_mixture=mixture), *parsed[1:])
-    return plan, parsed
+        # A GPU recipe is checked on a login node too: build it as if on CPU (bf16 etc.).
+        keys = keys.with_values(use_cpu=True)
+    check_recipe(build_recipe(keys, world_size=plan.train.num_processes))
+
+
+def _method(request: RunRequest, overrides: EnvOverrides) -> str | None:
+    """--method (or MAXENT=1) and TRAIN_ENTRYPOINT must agree when both are given."""
+    asked, from_env = request.method, overrides.method
+    if asked and from_env and asked != from_env:
+        raise UserError(
+            f"--method {asked} but TRAIN_ENTRYPOINT selects {from_env}; drop one of them"
+        )
+    return asked or from_env
 
 
 def _cuda_here() -> bool:
@@ -144,15 +189,29 @@ def _cuda_here() -> bool:
         return False
 
 
-def _output_name(recipe: str) -> str:
-    """The run name a recipe would get (its output_dir's name), even from a broken recipe."""
+def declared_output_dir(request: RunRequest) -> Path | None:
+    """The output_dir a request names, read without parsing: even a broken recipe has one."""
     import yaml
 
+    if request.run_name:
+        return Path("outputs") / request.run_name
+    overrides = list(request.overrides)
+    for i, arg in enumerate(overrides):
+        if arg.startswith("--output_dir="):
+            return Path(arg.split("=", 1)[1])
+        if arg == "--output_dir" and i + 1 < len(overrides):
+            return Path(overrides[i + 1])
     try:
-        output_dir = yaml.safe_load(Path(recipe).read_text()).get("output_dir")
-        return Path(output_dir).name or Path(recipe).stem
-    except Exception:  # noqa: BLE001 - any unreadable recipe falls back to its file name
-        return Path(recipe).stem
+        output_dir = yaml.safe_load(Path(request.recipe).read_text()).get("output_dir")
+        return Path(output_dir) if output_dir else None
+    except Exception:  # noqa: BLE001 - an unreadable recipe names no output_dir
+        return None
+
+
+def _output_name(request: RunRequest) -> str:
+    """The run name of a request (its output_dir's name), even from a broken recipe."""
+    output_dir = declared_output_dir(request)
+    return (output_dir.name if output_dir else "") or Path(request.recipe).stem
 
 
 def log_path(logs_dir: Path, run_name: str, role: str, environ=os.environ) -> Path:
@@ -164,7 +223,7 @@ def log_path(logs_dir: Path, run_name: str, role: str, environ=os.environ) -> Pa
 
 
 class _Signals:
-    """Route SIGUSR1/SIGTERM/SIGINT to the launch while it runs.
+    """Route SIGUSR1/SIGTERM/SIGINT to the attempt while it runs.
 
     The first signal asks for a graceful stop (checkpoint at the next step boundary, then
     requeue); a second SIGTERM or SIGINT stops everything at once. A repeated SIGUSR1 is a
@@ -173,8 +232,8 @@ class _Signals:
 
     HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
-    def __init__(self, launch: Launch):
-        self.launch = launch
+    def __init__(self, attempt: Attempt):
+        self.attempt = attempt
         self._previous = {}
 
     def __enter__(self):
@@ -184,29 +243,32 @@ class _Signals:
 
     def _handle(self, signum, _frame):
         name = signal.Signals(signum).name
-        if self.launch.stop_reason is not None and signum != signal.SIGUSR1:
+        if self.attempt.stop_reason is not None and signum != signal.SIGUSR1:
             print(f"{name} again: stopping everything now", flush=True)
-            self.launch.abort()
+            self.attempt.abort()
             return
         print(f"{name} received: checkpointing at the next step boundary", flush=True)
-        self.launch.request_stop(f"{name} received", signum)
+        self.attempt.request_stop(f"{name} received", signum)
 
     def __exit__(self, *exc):
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
 
 
-class Launch:
+class Attempt:
     """One attempt of a training run in this allocation: run() returns the exit code.
 
     requeue_on_stop: after a graceful stop under Slurm, `scontrol requeue` this job (or
-    array task). The submitit launcher turns it off: submitit requeues by itself.
+    array task). The submitit launcher turns it off for the stops submitit asks for (it
+    requeues those by itself).
+    Writes the run's event log (runs/events.py): attempt_start, plan, stop_request, outcome.
     """
 
-    def __init__(self, options: LaunchOptions, environ=os.environ, requeue_on_stop: bool = True):
-        self.options = options
+    def __init__(self, request: RunRequest, environ=os.environ, requeue_on_stop: bool = True):
+        self.request = request
         self.environ = environ
         self.requeue_on_stop = requeue_on_stop
+        self.requeued = False  # this attempt's `scontrol requeue` was accepted
         self.job = slurm_job(environ)
         self.stop_reason: str | None = None
         self.stop_signal: int | None = None
@@ -216,10 +278,16 @@ class Launch:
 
     def request_stop(self, reason: str, signum: int | None = None) -> None:
         """Graceful stop: the trainers save a complete checkpoint and exit."""
-        if self.stop_reason is None:
+        first = self.stop_reason is None
+        if first:
             self.stop_reason, self.stop_signal = reason, signum
         if self.output_dir is not None:
-            request_stop(self.output_dir, reason)
+            try:
+                request_stop(self.output_dir, reason)
+            except OSError as exc:  # a signal handler must not raise into the wait loop
+                print(f"warning: cannot write the stop request: {exc}", flush=True)
+            if first:
+                emit(self.output_dir, "stop_request", reason=reason)
 
     def abort(self) -> None:
         """Immediate stop: every process of the run, now."""
@@ -230,12 +298,9 @@ class Launch:
     def stop_gracefully(self, reason: str, timeout: float) -> None:
         """Ask for a checkpoint, wait up to `timeout` s for the trainers, then stop all."""
         self.request_stop(reason)
-        deadline = time.monotonic() + timeout
-        while self.trainer is not None and self.trainer.poll() is None:
-            if time.monotonic() > deadline:
-                print(f"trainers still running after {timeout:g}s; stopping them", flush=True)
-                break
-            time.sleep(0.5)
+        # The whole tree: workers may outlive accelerate's launcher while they save.
+        if self.trainer is not None and not self.trainer.wait_group(timeout, poll=0.5):
+            print(f"trainers still running after {timeout:g}s; stopping them", flush=True)
         self.abort()
 
     def run(self, early_signals: tuple[int, ...] = ()) -> int:
@@ -245,85 +310,207 @@ class Launch:
                 self.request_stop(f"{signal.Signals(signum).name} received", signum)
             return self._run()
 
-    def _run(self) -> int:
-        marker = user_error_marker(self.options.logs_dir, self.job)
-        if marker is not None and marker.is_file():
-            # An earlier task of this array found a user error: retrying cannot fix it.
-            print(f"error: {marker.read_text().strip()}", file=sys.stderr)
-            return EXIT_USER_ERROR
+    def _prepare(self, marker: Path | None) -> Prepared:
+        """prepare(), leaving a user error where later attempts and `maxent-grpo runs` see it."""
         try:
-            plan, parsed = prepare(self.options, self.environ)
+            return prepare(self.request, self.environ)
         except UserError as exc:
             if marker is not None:
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.write_text(f"{exc}\n")
-            # Leave the error where `maxent-grpo runs` looks: a train log of this attempt.
-            name = self.options.run_name or _output_name(self.options.recipe)
-            error_log = log_path(self.options.logs_dir, name, "train", self.environ)
+            # Leave the error where `maxent-grpo runs` looks: the run's event log (when the
+            # recipe names an output_dir) and a train log of this attempt.
+            self._emit_user_error(str(exc))
+            name = self.request.run_name or _output_name(self.request)
+            error_log = log_path(self.request.logs_dir, name, "train", self.environ)
             error_log.parent.mkdir(parents=True, exist_ok=True)
             with open(error_log, "a") as log:
                 log.write(f"error: {exc}\n")
             raise
-        launch_args = next(p for p in parsed if isinstance(p, LaunchArguments))
-        self.output_dir = Path(parsed[1].output_dir)
+
+    def _run(self) -> int:
+        marker = user_error_marker(self.request.logs_dir, self.job)
+        if marker is not None and marker.is_file():
+            # An earlier task of this array failed for good: retrying cannot fix it.
+            print(f"error: {marker.read_text().strip()}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        prepared = self._prepare(marker)
+        recipe, plan = prepared.keys, prepared.plan
+        self.output_dir = Path(recipe.output_dir)
         if run_is_complete(self.output_dir):
             print(f"{self.output_dir} already holds a completed run; nothing to do.")
             return 0
         clear_stop_request(self.output_dir)  # a request from the previous attempt
+        clear_heartbeats(self.output_dir)  # and its heartbeats and exit reports
+        previous = previous_outcome(self.output_dir)
+        self._emit_start(recipe, plan)
         if self.stop_reason is not None:
             request_stop(self.output_dir, self.stop_reason)
+            emit(self.output_dir, "stop_request", reason=self.stop_reason)
 
-        print(plan.describe(), flush=True)
-        run_name = self.options.run_name or self.output_dir.name
-        train_log = log_path(self.options.logs_dir, run_name, "train", self.environ)
+        print(prepared.describe(), flush=True)
+        run_name = self.request.run_name or self.output_dir.name
+        train_log = log_path(self.request.logs_dir, run_name, "train", self.environ)
         started = time.monotonic()
-        code = None
+        watched = Watched(None)
         try:
-            code = self._start_and_wait(plan, run_name, train_log)
+            watched = self._start_and_wait(recipe, plan, run_name, train_log)
         except ServerWaitCancelled as exc:
             print(f"stopped: {exc}", flush=True)
+        except UserError as exc:
+            self._emit_outcome("user_error", str(exc), EXIT_USER_ERROR)
+            raise
         finally:
-            self.abort()
-        print(f"training exited with code {code} after {time.monotonic() - started:.1f}s")
+            self._end_processes(watched, train_log)
+        print(f"training exited with code {watched.code} after {time.monotonic() - started:.1f}s")
         print(f"log: {train_log}")
-        return self._outcome(code, launch_args.max_requeues)
+        outcome = self._classify(watched, previous, train_log)
+        return self._finish(outcome, recipe.max_requeues, marker)
 
-    def _start_and_wait(self, plan: Plan, run_name: str, train_log: Path) -> int | None:
+    def _emit_user_error(self, reason: str) -> None:
+        output_dir = declared_output_dir(self.request)
+        if output_dir is None:
+            return  # no output_dir known: the log line is all there is
+        try:
+            emit(output_dir, "outcome", outcome="user_error", reason=reason, code=2, step=None)
+        except OSError:
+            pass  # e.g. the unwritable output_dir the error is about
+
+    def _emit_start(self, recipe, plan: Plan) -> None:
+        job = self.job
+        attempt = 0
+        if job is not None:
+            attempt = int(job.array_task_id) if job.array_task_id else job.restart_count
+        emit(
+            self.output_dir,
+            "attempt_start",
+            method=recipe.method,
+            recipe=recipe.path,
+            job=(job.array_job_id or job.job_id) if job else None,
+            attempt=attempt,
+            host=socket.gethostname(),
+        )
+        server = plan.server
+        emit(
+            self.output_dir,
+            "plan",
+            device=plan.device,
+            train_processes=plan.train.num_processes,
+            nodes=list(plan.train.nodes),
+            server=server and {"node": server.node, "port": server.port, "device": server.device},
+        )
+
+    def _emit_outcome(self, outcome: str, reason: str, code: int, requeue=None) -> None:
+        complete = [c.step for c in list_checkpoints(self.output_dir) if c.complete]
+        emit(
+            self.output_dir,
+            "outcome",
+            outcome=outcome,
+            reason=reason.splitlines()[0] if reason else "",
+            code=code,
+            step=complete[-1] if complete else None,
+            requeue=requeue,
+        )
+
+    def _start_and_wait(self, recipe, plan: Plan, run_name: str, train_log: Path) -> Watched:
+        # The recipe's env: block reaches the run's processes, under the plan's own variables.
+        environ = {**self.environ, **recipe.env}
+        if self.stop_reason is not None:  # asked to stop before anything started
+            return Watched(None)
         if plan.server is not None:
-            server_log = log_path(self.options.logs_dir, run_name, "vllm", self.environ)
-            self.server = start_server(
-                plan.server, server_log, self.environ, cancelled=lambda: self.stop_signal
-            )
-        if self.stop_reason is not None:
-            return None
-        env = {**self.environ, **plan.train.env, "PYTHONUNBUFFERED": "1"}
+            server_log = log_path(self.request.logs_dir, run_name, "vllm", self.environ)
+            # PYTHONFAULTHANDLER: a hang's SIGABRT prints the server's stacks (watchdog.py).
+            server_env = {"PYTHONFAULTHANDLER": "1", **server_environ(environ)}
+            # Not waited for here: the trainers load the model and data while it boots, and
+            # watch_training stops everything if its start-up fails.
+            self.server = launch_server(plan.server, server_log, server_env)
+        env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(STOP_DRAIN_S), **environ}
+        env.update({**plan.train.env, "PYTHONUNBUFFERED": "1"})
+        health = plan.server.health_url if plan.server is not None else None
+        watchdog = Watchdog(
+            heartbeat_dir(self.output_dir),
+            plan.train.num_processes,
+            recipe.launch.hang_timeout,
+            health,
+        )
         self.trainer = Child("train", plan.train.command, train_log, env=env, echo=True)
-        return wait_for_training(self.trainer, self.server)
+        return watch_training(
+            self.trainer, self.server, watchdog, cancelled=lambda: self.stop_signal
+        )
 
-    def _outcome(self, code: int | None, max_requeues: int) -> int:
-        assert self.output_dir is not None
-        if run_is_complete(self.output_dir):
-            print(f"model: {self.output_dir}")
-            return 0
+    def _end_processes(self, watched: Watched, train_log: Path) -> None:
+        """Stop whatever of the run is left; after a stop request, first let the trainers
+        finish their checkpoint (they may outlive accelerate's launcher after a SIGTERM)."""
+        if watched.hang is not None:
+            beats = heartbeat_dir(self.output_dir)
+            stop_hung(watched.hang, self.trainer, self.server, train_log, beats)
+        elif self.trainer is not None and (self.stop_reason or stop_requested(self.output_dir)):
+            if not self.trainer.wait_group(STOP_DRAIN_S):
+                print(f"trainers still running {STOP_DRAIN_S}s after the stop; stopping them")
+        self.abort()
+
+    def _classify(self, watched: Watched, previous: dict | None, train_log: Path) -> Outcome:
         if self.stop_reason is None and stop_requested(self.output_dir):
-            self.stop_reason = "stop requested through the stop file"
-        if self.stop_reason is None:
-            return code if code else 1
+            self.stop_reason = stop_request_reason(self.output_dir)
+        stop = None
+        if self.stop_reason is not None:
+            name = signal.Signals(self.stop_signal).name if self.stop_signal else None
+            restarts = self.job.restart_count if self.job else 0
+            stop = (self.stop_reason, name, job_record(self.job), restarts)
+        return classify(self.output_dir, watched, stop, previous, train_log)
+
+    def _finish(self, outcome: Outcome, max_requeues: int, marker: Path | None) -> int:
+        """Record the outcome; requeue a transient one under Slurm; remember a permanent one."""
+        if outcome.kind == "completed":
+            print(f"model: {self.output_dir}")
+            self._emit_outcome(outcome.kind, outcome.reason, 0)
+            return 0
         checkpoint = last_complete_checkpoint(self.output_dir)
-        print(f"stopped ({self.stop_reason}); resume point: {checkpoint or 'none yet'}")
-        if self.requeue_on_stop:
-            ok, why = should_requeue(self.job, max_requeues)
-            if ok:
-                # Said first: Slurm may stop this process as soon as the requeue is accepted.
-                print(f"requeueing {self.job.requeue_target}", flush=True)
-                result = requeue(self.job)
-                if result.returncode != 0:
-                    print(f"error: scontrol requeue failed: {result.stderr.strip()}", flush=True)
-            else:
-                print(f"not requeued: {why}", flush=True)
-        return EXIT_CHECKPOINTED
+        if outcome.kind in STOP_CLASSES:
+            print(f"stopped ({self.stop_reason}); resume point: {checkpoint or 'none yet'}")
+        else:
+            print(f"{outcome.kind}: {outcome.reason}", flush=True)
+            print(f"resume point: {checkpoint or 'none yet'}", flush=True)
+        if outcome.kind == "user_error":
+            # Found by the trainers' checks (prepare() leaves TRL's, rewards' and data's to
+            # them): the same one line on stderr as a problem prepare() finds.
+            print(f"error: {outcome.reason}", file=sys.stderr, flush=True)
+        if is_permanent(outcome):
+            if marker is not None:  # later tasks of the array exit at once with this line
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text(f"{outcome.kind}: {outcome.reason}\n")
+            print(f"not retried: {outcome.kind} is permanent", flush=True)
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+        elif self.requeue_on_stop:
+            self._requeue(outcome, max_requeues)
+        else:
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+        return outcome.code
+
+    def _requeue(self, outcome: Outcome, max_requeues: int) -> None:
+        """Requeue this job under Slurm when allowed, recording the outcome first."""
+        if outcome.requeued_by_slurm:  # (a preemption with PreemptMode=REQUEUE)
+            target = self.job.requeue_target
+            print(f"Slurm requeued {target} itself; it resumes from the last checkpoint")
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
+            return
+        ok, why = should_requeue(self.job, max_requeues)
+        if not ok:
+            print(f"not requeued: {why}", flush=True)
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+            return
+        target = self.job.requeue_target
+        # Said and recorded first: Slurm may stop this process once the requeue is accepted.
+        self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
+        print(f"requeueing {target}", flush=True)
+        result = requeue(self.job)
+        self.requeued = result.returncode == 0
+        if result.returncode != 0:
+            print(f"error: scontrol requeue failed: {result.stderr.strip()}", flush=True)
+            # The reader takes an attempt's last outcome: this one says "not requeued".
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
 
 
-def launch(options: LaunchOptions, environ=os.environ, early_signals=()) -> int:
+def run_attempt(request: RunRequest, environ=os.environ, early_signals=()) -> int:
     """Run one attempt of a training job in this allocation; returns the exit code."""
-    return Launch(options, environ).run(early_signals)
+    return Attempt(request, environ).run(early_signals)

@@ -1,9 +1,11 @@
 """The launch plan: which GPUs serve vLLM, which train, which ports, which commands.
 
-Pure: an Environment (what the job was given) and a LaunchRequest (what the recipe asks for)
-go in, a Plan comes out. Nothing here starts a process, opens a port or reads os.environ;
-`environment_from_os` and the runner do that at the edges. training.sh, the submitit
-launcher, `maxent-grpo plan` and the tests all go through `make_plan`.
+Pure: an Environment (what the job was given) and the recipe's keys (RecipeKeys, read
+directly: one default per key, in recipe.keys) go in, a Plan comes out. Nothing here starts a
+process, opens a port or reads os.environ; `environment_from_os` and the launcher do that at
+the edges. training.sh, the submitit launcher, `maxent-grpo plan` and the tests all go
+through `make_plan`. Key values (choices, ranges) were checked when the recipe was parsed;
+what is checked here is the recipe against the allocation.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import shlex
 from dataclasses import dataclass, field
 
 from maxent_grpo.errors import UserError
+from maxent_grpo.methods import METHODS
+from maxent_grpo.recipe.parser import RecipeKeys
 
 # `python -m` target of the server command (vLLM's own CLI, in this venv's interpreter).
 VLLM_MODULE = "vllm.entrypoints.cli.main"
@@ -29,32 +33,7 @@ class Environment:
     nodes: tuple[str, ...] = ("localhost",)
     cpu_processes: int = 2  # training processes when there is no GPU
     python: str = "python"
-
-
-@dataclass(frozen=True)
-class LaunchRequest:
-    """What the recipe asks of the launcher."""
-
-    recipe: str
-    entry_script: str
-    use_vllm: bool = False
-    vllm_mode: str = "colocate"
-    vllm_tensor_parallel_size: int = 1
-    num_processes: int | None = None
-    accelerate_config: str | None = None
-    model: str = ""
-    model_revision: str | None = None
-    trust_remote_code: bool = False
-    max_model_len: int | None = None
-    vllm_gpu_memory_utilization: float = 0.9
-    extra_args: tuple[str, ...] = ()
-    # Server-mode settings (recipe keys of the same names; see configs.py).
-    vllm_server_device: str = "gpu"  # "gpu" or "cpu" (vLLM's CPU build)
-    vllm_weight_sync: str = "nccl"  # "nccl" (TRL's own) or "disk" (safetensors + reload_weights)
-    vllm_server_dtype: str = "auto"
-    vllm_server_enforce_eager: bool = False
-    vllm_server_timeout: float = 1200.0
-    vllm_server_base_url: str | None = None  # an external server: none is started
+    cpus: int | None = None  # CPUs per node given to the job (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -73,10 +52,10 @@ class ServerPlan:
     port: int
     group_port: int
     command: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict)
-    device: str = "gpu"  # "gpu" or "cpu"
-    weight_sync: str = "nccl"
-    timeout: float = 1200.0  # seconds to wait for /health (vllm_server_timeout)
+    env: dict[str, str]
+    device: str  # "gpu" or "cpu" (vllm_server_device)
+    weight_sync: str  # vllm_weight_sync
+    timeout: float  # seconds to wait for /health (vllm_server_timeout)
 
     @property
     def url(self) -> str:
@@ -136,12 +115,7 @@ def _format_env(env: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(env.items())) or "(inherited)"
 
 
-VLLM_MODES = ("colocate", "server")
-SERVER_DEVICES = ("gpu", "cpu")
-WEIGHT_SYNCS = ("nccl", "disk")
-
-
-def make_plan(env: Environment, req: LaunchRequest, ports: Ports = Ports()) -> Plan:
+def make_plan(env: Environment, recipe: RecipeKeys, ports: Ports = Ports()) -> Plan:
     """Split the allocation between the vLLM server and training and build the commands.
 
     - No vLLM, colocate mode, or an external server (vllm_server_base_url): no server is
@@ -152,66 +126,46 @@ def make_plan(env: Environment, req: LaunchRequest, ports: Ports = Ports()) -> P
     - Server on CPU (vllm_server_device: cpu, vLLM's CPU build): the server takes no GPU and
       training gets everything, as without a server. Weight sync must be `disk`.
     """
-    _check_request(req)
-    server_mode = req.use_vllm and req.vllm_mode == "server"
-    if server_mode and req.vllm_server_base_url:
-        plan = _train_everywhere(env, req, ports, server=None)
-        return Plan(plan.device, None, plan.train, external_server=req.vllm_server_base_url)
+    server_mode = recipe.use_vllm and recipe.vllm_mode == "server"
+    if server_mode and recipe.vllm_server_base_url:
+        plan = _train_everywhere(env, recipe, ports, server=None)
+        return Plan(plan.device, None, plan.train, external_server=recipe.vllm_server_base_url)
     if not server_mode:
-        return _train_everywhere(env, req, ports, server=None)
-    if req.vllm_server_device == "cpu":
-        return _cpu_server_plan(env, req, ports)
-    return _gpu_server_plan(env, req, ports)
-
-
-def _check_request(req: LaunchRequest) -> None:
-    if req.use_vllm and req.vllm_mode not in VLLM_MODES:
-        raise PlanError(f"vllm_mode: {req.vllm_mode!r}; must be one of {', '.join(VLLM_MODES)}")
-    if req.vllm_server_device not in SERVER_DEVICES:
-        raise PlanError(
-            f"vllm_server_device: {req.vllm_server_device!r}; must be one of "
-            f"{', '.join(SERVER_DEVICES)}"
-        )
-    if req.vllm_weight_sync not in WEIGHT_SYNCS:
-        raise PlanError(
-            f"vllm_weight_sync: {req.vllm_weight_sync!r}; must be one of {', '.join(WEIGHT_SYNCS)}"
-        )
-    if req.vllm_tensor_parallel_size < 1:
-        raise PlanError(
-            f"vllm_tensor_parallel_size: {req.vllm_tensor_parallel_size}; must be 1 or more"
-        )
-    if req.vllm_server_timeout <= 0:
-        raise PlanError(
-            f"vllm_server_timeout: {req.vllm_server_timeout:g}; must be a positive number of "
-            "seconds"
-        )
+        return _train_everywhere(env, recipe, ports, server=None)
+    if recipe.vllm_server_device == "cpu":
+        return _cpu_server_plan(env, recipe, ports)
+    return _gpu_server_plan(env, recipe, ports)
 
 
 def _train_everywhere(
-    env: Environment, req: LaunchRequest, ports: Ports, server: ServerPlan | None
+    env: Environment, recipe: RecipeKeys, ports: Ports, server: ServerPlan | None
 ) -> Plan:
     if not env.gpus:
-        return _cpu_plan(env, req, ports, server)
-    return _gpu_plan(env, req, ports, server, env.nodes, env.gpus)
+        return _cpu_plan(env, recipe, ports, server, env.nodes)
+    return _gpu_plan(env, recipe, ports, server, env.nodes, env.gpus)
 
 
-def _cpu_server_plan(env: Environment, req: LaunchRequest, ports: Ports) -> Plan:
-    if req.vllm_weight_sync != "disk":
+def _cpu_server_plan(env: Environment, recipe: RecipeKeys, ports: Ports) -> Plan:
+    if recipe.vllm_weight_sync != "disk":
         raise PlanError(
             "vllm_server_device: cpu with vllm_weight_sync: nccl: NCCL weight sync needs CUDA "
             "on the server and the trainer; set vllm_weight_sync: disk"
         )
-    if req.vllm_tensor_parallel_size != 1:
+    if recipe.vllm_tensor_parallel_size != 1:
         raise PlanError(
-            f"vllm_tensor_parallel_size: {req.vllm_tensor_parallel_size} with "
+            f"vllm_tensor_parallel_size: {recipe.vllm_tensor_parallel_size} with "
             "vllm_server_device: cpu; a CPU server runs one worker, set it to 1"
         )
-    server = _server_plan(env.nodes[0], (), req, ports, env.python, device="cpu")
-    return _train_everywhere(env, req, ports, server)
+    server = _server_plan(env.nodes[0], (), recipe, ports, env.python, device="cpu")
+    if env.gpus:
+        return _gpu_plan(env, recipe, ports, server, env.nodes, env.gpus)
+    # Several nodes: the server has the first one to itself, as a GPU server would.
+    train_nodes = env.nodes[1:] if len(env.nodes) > 1 else env.nodes
+    return _cpu_plan(env, recipe, ports, server, train_nodes)
 
 
-def _gpu_server_plan(env: Environment, req: LaunchRequest, ports: Ports) -> Plan:
-    tp = req.vllm_tensor_parallel_size
+def _gpu_server_plan(env: Environment, recipe: RecipeKeys, ports: Ports) -> Plan:
+    tp = recipe.vllm_tensor_parallel_size
     if not env.gpus:
         raise PlanError(
             "vllm_mode: server needs a GPU for the vLLM server and none is visible "
@@ -236,14 +190,14 @@ def _gpu_server_plan(env: Environment, req: LaunchRequest, ports: Ports) -> Plan
                 f"train, but the job has {len(env.gpus)} ({','.join(env.gpus)}); request "
                 f"{tp + 1}+ GPUs, or set vllm_mode: colocate"
             )
-    server = _server_plan(env.nodes[0], server_gpus, req, ports, env.python, device="gpu")
-    return _gpu_plan(env, req, ports, server, train_nodes, train_gpus)
+    server = _server_plan(env.nodes[0], server_gpus, recipe, ports, env.python, device="gpu")
+    return _gpu_plan(env, recipe, ports, server, train_nodes, train_gpus)
 
 
 def _server_plan(
     node: str,
     gpus: tuple[str, ...],
-    req: LaunchRequest,
+    recipe: RecipeKeys,
     ports: Ports,
     python: str,
     device: str,
@@ -259,7 +213,7 @@ def _server_plan(
         "-m",
         VLLM_MODULE,
         "serve",
-        req.model,
+        recipe.model_name_or_path or "",
         "--host",
         "0.0.0.0",
         "--port",
@@ -267,24 +221,24 @@ def _server_plan(
         "--tensor-parallel-size",
         str(max(len(gpus), 1)),
         "--gpu-memory-utilization",
-        str(req.vllm_gpu_memory_utilization),
+        str(recipe.vllm_server_gpu_memory_utilization),
         "--dtype",
-        req.vllm_server_dtype,
+        recipe.vllm_server_dtype,
         # Importance-sampling correction needs logprobs after temperature/logit processing.
         "--logprobs-mode",
         "processed_logprobs",
         "--max-logprobs",
         "-1",
     ]
-    if req.model_revision:
-        command += ["--revision", req.model_revision]
-    if req.max_model_len:
-        command += ["--max-model-len", str(req.max_model_len)]
-    if req.vllm_server_enforce_eager:
+    if recipe.model_revision:
+        command += ["--revision", recipe.model_revision]
+    if recipe.vllm_max_model_length:
+        command += ["--max-model-len", str(recipe.vllm_max_model_length)]
+    if recipe.vllm_server_enforce_eager:
         command += ["--enforce-eager"]
-    if req.trust_remote_code:
+    if recipe.trust_remote_code:
         command += ["--trust-remote-code"]
-    if req.vllm_weight_sync == "nccl":
+    if recipe.vllm_weight_sync == "nccl":
         command += ["--weight-transfer-config", '{"backend": "nccl"}']
     return ServerPlan(
         node=node,
@@ -294,13 +248,13 @@ def _server_plan(
         command=tuple(command),
         env={"CUDA_VISIBLE_DEVICES": ",".join(gpus), "VLLM_SERVER_DEV_MODE": "1"},
         device=device,
-        weight_sync=req.vllm_weight_sync,
-        timeout=req.vllm_server_timeout,
+        weight_sync=recipe.vllm_weight_sync,
+        timeout=recipe.vllm_server_timeout,
     )
 
 
-def _trainer_args(req: LaunchRequest, server: ServerPlan | None) -> tuple[str, ...]:
-    args = (req.entry_script, "--config", req.recipe)
+def _trainer_args(recipe: RecipeKeys, server: ServerPlan | None) -> tuple[str, ...]:
+    args = (*METHODS[recipe.method].entry(), "--config", recipe.path)
     if server is not None:
         args += (
             "--vllm_server_host",
@@ -310,13 +264,20 @@ def _trainer_args(req: LaunchRequest, server: ServerPlan | None) -> tuple[str, .
             "--vllm_group_port",
             str(server.group_port),
         )
-    return args + req.extra_args
+    return args + recipe.overrides
 
 
 def _cpu_plan(
-    env: Environment, req: LaunchRequest, ports: Ports, server: ServerPlan | None
+    env: Environment,
+    recipe: RecipeKeys,
+    ports: Ports,
+    server: ServerPlan | None,
+    train_nodes: tuple[str, ...],
 ) -> Plan:
-    n = req.num_processes or env.cpu_processes
+    """CPU training (gloo): num_processes, else cpu_processes on one node, one per node on
+    several; spread evenly over the training nodes."""
+    default = env.cpu_processes if len(train_nodes) == 1 else len(train_nodes)
+    n = _processes(recipe, train_nodes, default, available=None)
     launch = [env.python, "-m", "accelerate.commands.launch"]
     if n > 1:
         # `--cpu --num_processes N` silently runs one process; --multi_gpu on CPU uses gloo.
@@ -325,7 +286,7 @@ def _cpu_plan(
         "--num_processes",
         str(n),
         "--num_machines",
-        "1",
+        str(len(train_nodes)),
         "--mixed_precision",
         "no",
         "--dynamo_backend",
@@ -333,15 +294,30 @@ def _cpu_plan(
         "--main_process_port",
         str(ports.main_process),
     ]
+    if len(env.nodes) > 1:
+        launch += ["--main_process_ip", train_nodes[0]]
+    # A CPU vLLM server on the same node competes for the same cores.
+    shares_node = server is not None and server.node in train_nodes
+    threads = _threads(env, recipe, n // len(train_nodes) + shares_node)
     train = TrainPlan(
-        nodes=env.nodes[:1],
+        nodes=train_nodes,
         gpus=(),
         num_processes=n,
-        num_machines=1,
-        command=tuple(launch) + _trainer_args(req, server),
-        env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"},
+        num_machines=len(train_nodes),
+        command=_per_node(env, train_nodes, launch, _trainer_args(recipe, server)),
+        env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": threads},
     )
     return Plan(device="cpu", server=server, train=train)
+
+
+def _threads(env: Environment, recipe: RecipeKeys, processes_per_node: int) -> str:
+    """OpenMP threads per training process: the node's CPUs shared out, at least 1.
+
+    More threads than cores makes CPU work 3-10x slower; the recipe's env: block wins.
+    """
+    if "OMP_NUM_THREADS" in recipe.env:
+        return recipe.env["OMP_NUM_THREADS"]
+    return str(max(1, (env.cpus or 1) // max(processes_per_node, 1)))
 
 
 # Each node's accelerate launcher is one task of an srun step; its machine rank is the task's
@@ -349,31 +325,66 @@ def _cpu_plan(
 MACHINE_RANK = '"$SLURM_PROCID"'
 
 
+def _processes(
+    recipe: RecipeKeys, train_nodes: tuple[str, ...], default: int, available: int | None
+) -> int:
+    """Training processes in all: num_processes when set (at most `available`), else default."""
+    wanted = recipe.num_processes
+    if wanted is None:
+        return default
+    if available is not None and wanted > available:
+        raise PlanError(
+            f"num_processes: {wanted} but only {available} GPU(s) are left for "
+            f"training; request more GPUs or lower num_processes"
+        )
+    if len(train_nodes) > 1 and wanted % len(train_nodes):
+        raise PlanError(
+            f"num_processes: {wanted} does not divide evenly over the "
+            f"{len(train_nodes)} training nodes; use a multiple of {len(train_nodes)}"
+        )
+    return wanted
+
+
+def _per_node(
+    env: Environment, train_nodes: tuple[str, ...], launch: list[str], trainer: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The training command: accelerate here on one node; one per training node on several,
+    started by one srun step (also for a single training node: it is not the node the
+    launcher runs on). --relative skips the nodes before the first training node (vLLM's).
+    """
+    if len(env.nodes) == 1:
+        return tuple(launch) + trainer
+    n = len(train_nodes)
+    offset = env.nodes.index(train_nodes[0]) if train_nodes[0] in env.nodes else 0
+    per_node_command = (
+        f"exec {shlex.join(launch)} --machine_rank {MACHINE_RANK} {shlex.join(trainer)}"
+    )
+    return (
+        "srun",
+        f"--nodes={n}",
+        f"--ntasks={n}",
+        "--ntasks-per-node=1",
+        *((f"--relative={offset}",) if offset else ()),
+        "--kill-on-bad-exit=1",
+        "bash",
+        "-c",
+        per_node_command,
+    )
+
+
 def _gpu_plan(
     env: Environment,
-    req: LaunchRequest,
+    recipe: RecipeKeys,
     ports: Ports,
     server: ServerPlan | None,
     train_nodes: tuple[str, ...],
     train_gpus: tuple[str, ...],
 ) -> Plan:
-    per_node = len(train_gpus)
-    total = per_node * len(train_nodes)
-    if req.num_processes is not None:
-        if req.num_processes > total:
-            raise PlanError(
-                f"num_processes: {req.num_processes} but only {total} GPU(s) are left for "
-                f"training; request more GPUs or lower num_processes"
-            )
-        if len(train_nodes) > 1 and req.num_processes % len(train_nodes):
-            raise PlanError(
-                f"num_processes: {req.num_processes} does not divide evenly over the "
-                f"{len(train_nodes)} training nodes; use a multiple of {len(train_nodes)}"
-            )
-        total = req.num_processes
+    available = len(train_gpus) * len(train_nodes)
+    total = _processes(recipe, train_nodes, available, available)
     launch = [env.python, "-m", "accelerate.commands.launch"]
-    if req.accelerate_config:
-        launch += ["--config_file", req.accelerate_config]
+    if recipe.accelerate_config:
+        launch += ["--config_file", recipe.accelerate_config]
     elif total > 1:
         launch += ["--multi_gpu"]
     launch += [
@@ -386,36 +397,16 @@ def _gpu_plan(
         "--main_process_port",
         str(ports.main_process),
     ]
-    trainer = _trainer_args(req, server)
-    if len(env.nodes) == 1:
-        command = tuple(launch) + trainer
-    else:
-        # One accelerate launcher per training node, started by one srun step (also for a
-        # single training node: it is not the node the launcher runs on); --relative skips
-        # the nodes before the first training node (the vLLM node).
-        n = len(train_nodes)
-        offset = env.nodes.index(train_nodes[0]) if train_nodes[0] in env.nodes else 0
-        per_node_command = (
-            f"exec {shlex.join(launch)} --machine_rank {MACHINE_RANK} {shlex.join(trainer)}"
-        )
-        command = (
-            "srun",
-            f"--nodes={n}",
-            f"--ntasks={n}",
-            "--ntasks-per-node=1",
-            *((f"--relative={offset}",) if offset else ()),
-            "--kill-on-bad-exit=1",
-            "bash",
-            "-c",
-            per_node_command,
-        )
     train = TrainPlan(
         nodes=train_nodes,
         gpus=train_gpus,
         num_processes=total,
         num_machines=len(train_nodes),
-        command=command,
-        env={"CUDA_VISIBLE_DEVICES": ",".join(train_gpus)},
+        command=_per_node(env, train_nodes, launch, _trainer_args(recipe, server)),
+        env={
+            "CUDA_VISIBLE_DEVICES": ",".join(train_gpus),
+            "OMP_NUM_THREADS": _threads(env, recipe, total // len(train_nodes)),
+        },
     )
     return Plan(device="gpu", server=server, train=train)
 

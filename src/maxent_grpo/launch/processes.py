@@ -1,11 +1,15 @@
 """Child processes of a run: each in its own process group, logged to a file, always reaped.
 
-Every child is started with start_new_session=True so that stopping it stops everything it
-spawned (accelerate's workers, vLLM's engine processes) with one killpg.
+Every child is started with start_new_session=True, and stopping it stops every process it
+spawned: its process group, and every descendant seen so far wherever it went. A killpg is
+not enough: torchrun's agent starts each worker in a session of its own, and a worker whose
+agent died is no descendant any more (it is re-parented to init), so the child remembers the
+processes of its tree each time it looks (`members()`, called by the launcher's wait loop).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -24,18 +28,39 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+    except OSError:
+        return None
+
+
+# Loaded here, not in the child: nothing may be imported between fork and exec.
+_LIBC = _libc()
+_PR_SET_PDEATHSIG = 1
+
+
 def _ignore_stop_signals() -> None:
-    """In the child, before exec: ignore SIGUSR1/SIGUSR2 (the disposition survives exec).
+    """In the child, before exec: ignore SIGUSR1/SIGUSR2 (the disposition survives exec), and
+    get SIGTERM when the launcher dies (Linux: PR_SET_PDEATHSIG, kept across exec).
 
     Slurm's warning signals are for the launcher, which turns them into a checkpoint request;
-    their default action would kill accelerate's launcher or vLLM outright.
+    their default action would kill accelerate's launcher or vLLM outright. A launcher killed
+    with SIGKILL (no handler runs) so still stops its run, gracefully: the SIGTERM reaches
+    accelerate's agent, which forwards it to the trainers, which save and exit.
     """
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 class Child:
-    """A process group with its output appended to a log file (and optionally echoed)."""
+    """A process group with its output appended to a log file (and optionally echoed).
+
+    Create it from a thread that lives as long as the child (the main thread): the parent-death
+    signal fires when the creating thread ends.
+    """
 
     def __init__(
         self,
@@ -48,28 +73,46 @@ class Child:
         self.name = name
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        # Append: a requeued attempt adds to the log instead of truncating it.
+        # Append: a requeued attempt adds to the log instead of truncating it. The child
+        # writes to the file itself, never to a pipe of ours: a launcher killed mid-run must
+        # not turn every later write of its trainers into a broken pipe (they are saving).
         self._log = open(self.log_path, "ab")
+        start = self._log.seek(0, os.SEEK_END)
         self.proc = subprocess.Popen(
             list(command),
-            stdout=subprocess.PIPE if echo else self._log,
+            stdout=self._log,
             stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None,
             start_new_session=True,
             preexec_fn=_ignore_stop_signals,
         )
         self._pump = None
+        self._done = threading.Event()
+        self._known: dict[int, int] = {}  # pid -> start time of every process seen in the tree
         if echo:
-            self._pump = threading.Thread(target=self._copy_output, daemon=True)
+            self._pump = threading.Thread(target=self._echo, args=(start,), daemon=True)
             self._pump.start()
 
-    def _copy_output(self) -> None:
+    def _echo(self, offset: int) -> None:
+        """Copy what is appended to the log onto our stdout until the child is done."""
         out = sys.stdout.buffer
-        for line in iter(self.proc.stdout.readline, b""):
-            self._log.write(line)
-            self._log.flush()
-            out.write(line)
-            out.flush()
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            while True:
+                finished = self._done.is_set()
+                chunk = log.read(1 << 16)
+                if chunk:
+                    out.write(chunk)
+                    out.flush()
+                elif finished:
+                    return
+                else:
+                    time.sleep(0.1)
+
+    def _end_echo(self) -> None:
+        self._done.set()
+        if self._pump is not None:
+            self._pump.join(timeout=5)
 
     @property
     def pid(self) -> int:
@@ -80,32 +123,62 @@ class Child:
 
     def wait(self) -> int:
         code = self.proc.wait()
-        if self._pump is not None:
-            self._pump.join(timeout=5)
+        self._end_echo()
         return code
 
     def signal(self, signum: int) -> None:
+        """Send `signum` to the group and to every live process of the tree."""
+        members = self.members()
         try:
             os.killpg(self.proc.pid, signum)
-        except ProcessLookupError:
-            pass
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone (PermissionError: only zombies left, on some kernels)
+        for pid in members:
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def members(self) -> list[int]:
+        """Live processes of this child (zombies do not count): its process group, its
+        descendants, and the descendants of every process of its tree seen before that is
+        still the same process (start time). Workers may outlive the leader, e.g. still saving
+        a checkpoint after a SIGTERM, in sessions of their own."""
+        table = process_table()
+        if table is None:
+            return group_members(self.proc.pid)
+        roots = [self.proc.pid]
+        roots += [pid for pid, start in self._known.items() if table.get(pid, ())[3:4] == (start,)]
+        found = set(tree_of(roots, table)) | {
+            p for p, row in table.items() if row[2] == self.proc.pid
+        }
+        for pid in found:
+            self._known[pid] = table[pid][3]
+        return sorted(pid for pid in found if table[pid][0] != "Z")
+
+    def wait_group(self, timeout: float, poll: float = 0.2) -> bool:
+        """Wait up to `timeout` s until no process of the group is left; True if none is."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.proc.poll()  # reap the leader: a zombie leader would still count in /proc
+            if not self.members():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
 
     def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM the whole group, then SIGKILL what is left after `grace` seconds."""
-        if self.proc.poll() is None:
+        if self.proc.poll() is None or self.members():
             self.signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
+            self.wait_group(grace)
         # The leader may be gone while its children linger in the group: kill them all.
         self.signal(signal.SIGKILL)
         try:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             pass
-        if self._pump is not None:
-            self._pump.join(timeout=5)
+        self._end_echo()
         self._log.close()
         return self.proc.returncode
 
@@ -117,16 +190,55 @@ class Child:
         return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
-def wait_for_group_exit(pgid: int, timeout: float) -> bool:
-    """True once no process of the group is left (for tests and teardown checks)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _stat(pid: str) -> tuple[str, int, int, int] | None:
+    """(state, parent, process group, start time) of a process from /proc, None when gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
+    # stime cutime cstime priority nice threads itrealvalue starttime ...": comm may hold
+    # spaces and parentheses.
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def process_table() -> dict[int, tuple[str, int, int, int]] | None:
+    """Every process of this machine: pid -> (state, parent, group, start time); None where
+    there is no /proc (not Linux)."""
+    if not os.path.isdir("/proc"):
+        return None
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(entry)) is not None:
+            table[int(entry)] = stat
+    return table
+
+
+def tree_of(roots: list[int], table: Mapping[int, tuple[str, int, int, int]]) -> list[int]:
+    """The processes of `table` among `roots` and their descendants."""
+    children: dict[int, list[int]] = {}
+    for pid, row in table.items():
+        children.setdefault(row[1], []).append(pid)
+    found, todo = set(), [r for r in roots if r in table]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return sorted(found)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group `pgid` on this machine."""
+    table = process_table()
+    if table is None:  # not Linux: ask the kernel whether the group exists
         try:
             os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    return sorted(p for p, row in table.items() if row[2] == pgid and row[0] != "Z")
 
 
 def slurm_nodes(environ: Mapping[str, str]) -> tuple[str, ...] | None:

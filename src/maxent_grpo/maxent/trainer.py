@@ -32,6 +32,7 @@ from maxent_grpo.maxent.weights import (
     weighted_policy_loss,
 )
 from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin, write_json_atomic
+from maxent_grpo.train.data_order import EpochOrderMixin
 from maxent_grpo.train.vllm_sync import VLLMSyncMixin
 
 CONTROLLER_STATE_FILE = "maxent_controller_state.json"
@@ -263,7 +264,9 @@ class _MaxEntTrainerBase(trl.GRPOTrainer):
         self.load_controller_state(json.loads(path.read_text()))
 
 
-class MaxEntGRPOTrainer(CompleteCheckpointsMixin, VLLMSyncMixin, _MaxEntTrainerBase):
+class MaxEntGRPOTrainer(
+    CompleteCheckpointsMixin, EpochOrderMixin, VLLMSyncMixin, _MaxEntTrainerBase
+):
     """MaxEnt-GRPO trainer, with the mixins of our GRPO trainer (train.grpo_trainer_class).
     CompleteCheckpointsMixin comes first so that a checkpoint is marked complete only after
     every file, the controller state included, is on disk."""

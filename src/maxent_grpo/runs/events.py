@@ -11,6 +11,7 @@ several processes do not interleave within a line; a reader skips a torn last li
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import time
 from collections.abc import Iterator
@@ -22,15 +23,32 @@ EVENTS_FILE = "events.jsonl"
 EVENTS = {
     "attempt_start": "method, recipe, job, attempt, host",
     "plan": "device, train_processes, nodes, server (null or its node/port/device)",
-    "step": "step, metrics (the trainer's logged scalars: reward, loss, kl, ...)",
-    "checkpoint": "step, path",
+    "step": "step, metrics (the trainer's logged scalars: reward, loss, kl, ...), max_steps",
+    "checkpoint": "step, path (once the checkpoint is complete)",
     "stop_request": "reason",
-    "outcome": "outcome, reason, code, step",
+    "outcome": "outcome, reason, code, step, requeue (the job a stopped attempt requeues)",
+    # evaluations (maxent_grpo.evaluate.ledger)
+    "eval_submit": "step, checkpoint, benchmarks, job (the evaluation job queued)",
+    "eval": "step, benchmark, score, metric, problems, samples, k, mean_reward, wall_s, job",
+    "eval_skip": "step, checkpoint, benchmarks, reason (the checkpoint was gone), job",
+    "eval_fail": "step, checkpoint, benchmarks, reason, job",
 }
+# Files up to this size are read whole; larger ones are mapped and searched (a long run logs
+# a step event per logging step: megabytes of metrics between a handful of other events).
+_READ_WHOLE_BYTES = 1024 * 1024
 
 
 def events_path(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / EVENTS_FILE
+
+
+def _line(event: str, fields: dict) -> str:
+    return json.dumps({"time": round(time.time(), 3), "event": event, **fields}, default=str)
+
+
+def _needle(event: str) -> bytes:
+    """How `_line` writes an event's name: what a reader searches for."""
+    return b'"event": ' + json.dumps(event).encode()
 
 
 def emit(output_dir: str | os.PathLike, event: str, **fields) -> None:
@@ -39,9 +57,16 @@ def emit(output_dir: str | os.PathLike, event: str, **fields) -> None:
         raise ValueError(f"unknown event {event!r}; add it to EVENTS")
     path = events_path(output_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"time": round(time.time(), 3), "event": event, **fields}, default=str)
     with open(path, "a") as file:
-        file.write(line + "\n")
+        file.write(_line(event, fields) + "\n")
+
+
+def _parse(line: str | bytes) -> dict | None:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) and "event" in record else None
 
 
 def read_events(output_dir: str | os.PathLike) -> Iterator[dict]:
@@ -52,9 +77,50 @@ def read_events(output_dir: str | os.PathLike) -> Iterator[dict]:
     except (FileNotFoundError, NotADirectoryError):
         return
     for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and "event" in record:
+        if (record := _parse(line)) is not None:
             yield record
+
+
+def _line_at(data, pos: int) -> tuple[int, bytes]:
+    start = data.rfind(b"\n", 0, pos) + 1
+    end = data.find(b"\n", pos)
+    return start, data[start : end if end >= 0 else len(data)]
+
+
+def _sparse(data, last_steps: int) -> list[dict]:
+    found: dict[int, bytes] = {}  # line start -> line: file order, no duplicates
+    for event in EVENTS:
+        needle = _needle(event)
+        if event == "step":
+            pos = len(data)
+            for _ in range(last_steps):
+                pos = data.rfind(needle, 0, pos)
+                if pos < 0:
+                    break
+                pos, line = _line_at(data, pos)
+                found[pos] = line
+            continue
+        pos = data.find(needle)
+        while pos >= 0:
+            start, line = _line_at(data, pos)
+            found[start] = line
+            pos = data.find(needle, start + len(line))
+    records = (_parse(found[start]) for start in sorted(found))
+    return [r for r in records if r is not None]
+
+
+def read_sparse(output_dir: str | os.PathLike, last_steps: int = 4) -> list[dict]:
+    """Every event except `step`, and the last `last_steps` step events, oldest first.
+
+    What the runs table needs, without parsing the metrics of every logged step: the file is
+    searched for the event names, so a long run's log costs a few memory scans.
+    """
+    try:
+        with open(events_path(output_dir), "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size <= _READ_WHOLE_BYTES:
+                return _sparse(file.read(), last_steps)
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return _sparse(data, last_steps)
+    except (FileNotFoundError, NotADirectoryError):
+        return []

@@ -1,10 +1,11 @@
 """`maxent-grpo plot RUN`: a PNG of a run's training curves and the same series as CSV.
 
-The numbers come from the run's trainer_state.json log_history (the final one, or the newest
-complete checkpoint's while the run is not finished): exactly what the trainer logged, so the
-CSV holds the logged floats with repr precision. Resume points (vertical lines) come from the
-"Resuming from .../checkpoint-N" lines of the run's train logs. matplotlib draws headless
-(Agg canvas, no pyplot, no display needed).
+The numbers are the trainer's logged scalars: the run's `step` events (every logged step, also
+while it runs), or for a run without events its trainer_state.json log_history (the final one,
+or the newest complete checkpoint's). JSON keeps floats exact, so the CSV holds the logged
+floats with repr precision. Resume points (vertical lines) come from the events too, and so
+do the benchmark scores (`eval` events: score vs step, under the reward).
+matplotlib draws headless (Agg canvas, no pyplot, no display needed).
 """
 
 from __future__ import annotations
@@ -19,19 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from maxent_grpo.errors import UserError
-from maxent_grpo.runs import (
-    METHOD_NAMES,
-    RESUME_RE,
-    detect_method,
-    looks_like_run_dir,
-    parse_log_name,
-    read_head,
-    read_output_dir,
-    segments,
-)
-from maxent_grpo.train.checkpoints import RUN_MARKER
-
-RESUME_SEARCH_BYTES = 1024 * 1024
+from maxent_grpo.runs.events import events_path, read_events
+from maxent_grpo.runs.sources import looks_like_run_dir, read_output_dir
+from maxent_grpo.runs.state import detect_method, resume_points, split_attempts
+from maxent_grpo.runs.table import METHOD_LABELS
 
 
 @dataclass(frozen=True)
@@ -44,6 +36,7 @@ class Panel:
 
 PANELS = (
     Panel("Reward", ("reward", "rewards/*/mean"), "mean reward"),
+    Panel("Benchmark scores", ("eval/*",), "score (mean pass@k)"),
     Panel("KL to the reference", ("kl", "maxent/kl"), "KL (per token)"),
     Panel("Policy entropy", ("entropy",), "nats / token"),
     Panel(
@@ -56,6 +49,7 @@ PANELS = (
     Panel("MaxEnt beta and tau", ("maxent/beta", "maxent/tau"), "", log_scale=True),
 )
 _REWARD_FUNC_RE = re.compile(r"^rewards/(.+)/mean$")
+EVAL_PREFIX = "eval/"  # a benchmark's score in the history: eval/<benchmark>
 
 
 def resolve_output_dir(run: str | os.PathLike, outputs: str | os.PathLike = "outputs") -> Path:
@@ -66,19 +60,60 @@ def resolve_output_dir(run: str | os.PathLike, outputs: str | os.PathLike = "out
         if looks_like_run_dir(os.listdir(candidate)):
             return candidate
     if candidates:
-        raise UserError(
-            f"{candidates[0]}: nothing to plot yet: no trainer_state.json and no checkpoint"
-        )
+        raise UserError(f"{candidates[0]}: nothing to plot yet: no events and no trainer state")
     raise UserError(
         f"{run}: no such run: neither an output directory nor a run under {outputs}/ "
-        "(one with trainer_state.json or checkpoint-N/)"
+        "(one with events.jsonl, trainer_state.json or checkpoint-N/)"
     )
 
 
-def load_log_history(output_dir: str | os.PathLike) -> tuple[list[dict], Path]:
+def history_from_events(events: Sequence[dict]) -> list[dict]:
+    """The step events as log_history entries ({**metrics, "step": N}), oldest first.
+
+    What an attempt logged after the checkpoint the next attempt resumed from is dropped (the
+    resumed attempt logs those steps again), as in the trainer's own state; so is what a
+    trainer restarted by hand logged past the step it started again at.
+    """
+    history: list[dict] = []
+    checkpoint = 0
+    for event in events:
+        step = event.get("step")
+        if event["event"] == "attempt_start":
+            history = [entry for entry in history if entry["step"] <= checkpoint]
+        elif not isinstance(step, int):
+            continue
+        elif event["event"] in ("checkpoint", "outcome"):
+            checkpoint = max(checkpoint, step)
+        elif event["event"] == "step":
+            if history and step < history[-1]["step"]:
+                history = [entry for entry in history if entry["step"] < step]
+            history.append({**(event.get("metrics") or {}), "step": step})
+    return history
+
+
+def with_scores(history: Sequence[dict], events: Sequence[dict]) -> list[dict]:
+    """The history with each benchmark's score (`eval` events, evaluate/ledger.py) as
+    `eval/<benchmark>` at its step: beside that step's metrics, or an entry of its own."""
+    from maxent_grpo.evaluate.ledger import score_series
+
+    series = score_series(events)
+    if not series:
+        return list(history)
+    entries = [dict(entry) for entry in history]
+    by_step = {entry["step"]: entry for entry in entries if "step" in entry}
+    for name, points in series.items():
+        for step, score in points:
+            if step not in by_step:
+                by_step[step] = {"step": step}
+                entries.append(by_step[step])
+            by_step[step][EVAL_PREFIX + name] = score
+    return sorted(entries, key=lambda entry: entry.get("step", 0))
+
+
+def _state_history(output_dir: Path) -> tuple[list[dict], Path] | None:
     """The longest log_history of the run: its final trainer_state.json, else the newest
     complete checkpoint's (a run in progress is plotted up to its last checkpoint)."""
-    out = read_output_dir(Path(output_dir))
+    out = read_output_dir(output_dir)
     candidates = [out.path / "trainer_state.json"]
     candidates += [
         out.path / f"checkpoint-{step}" / "trainer_state.json"
@@ -94,37 +129,20 @@ def load_log_history(output_dir: str | os.PathLike) -> tuple[list[dict], Path]:
         step = state.get("global_step") or 0
         if best is None or step > best[0]:
             best = (step, state.get("log_history") or [], path)
-    if best is None:
+    return None if best is None else (best[1], best[2])
+
+
+def load_history(output_dir: str | os.PathLike, events: Sequence[dict]) -> tuple[list[dict], Path]:
+    """(history, its file): the step events, else (a run without them) the trainer state."""
+    if history := history_from_events(events):
+        return history, events_path(output_dir)
+    found = _state_history(Path(output_dir))
+    if found is None:
         raise UserError(
-            f"{output_dir}: nothing to plot yet: no trainer_state.json and no complete checkpoint"
+            f"{output_dir}: nothing to plot yet: no step events, no trainer_state.json "
+            "and no complete checkpoint"
         )
-    return best[1], best[2]
-
-
-def resume_points(
-    run_name: str, logs_dirs: Sequence[str | os.PathLike] = ("logs",)
-) -> list[tuple[int, str]]:
-    """(step, log file) for each attempt that resumed ("Resuming from .../checkpoint-N")."""
-    found = []
-    for logs_dir in logs_dirs:
-        try:
-            names = os.listdir(logs_dir)
-        except OSError:
-            continue
-        for name in names:
-            parsed = parse_log_name(name)
-            if parsed is None or parsed.run != run_name or parsed.role != "train":
-                continue
-            path = Path(logs_dir) / name
-            try:
-                text = read_head(path, RESUME_SEARCH_BYTES)
-            except OSError:
-                continue
-            for line in segments(text):
-                if "Resuming from" in line and (match := RESUME_RE.search(line)):
-                    found.append((parsed.stamp, int(match[2]), str(path)))
-                    break
-    return [(step, path) for _stamp, step, path in sorted(found)]
+    return found
 
 
 def series_keys(history: Sequence[dict]) -> list[str]:
@@ -143,6 +161,8 @@ def _panel_keys(panel: Panel, present) -> list[str]:
     for key in panel.keys:
         if key == "rewards/*/mean":
             keys += [k for k in present if _REWARD_FUNC_RE.match(k)]
+        elif key == "eval/*":
+            keys += sorted(k for k in present if k.startswith(EVAL_PREFIX))
         elif key in present:
             keys.append(key)
     return keys
@@ -185,7 +205,64 @@ def _label(key: str) -> str:
         return "mean (weighted sum)"
     if match := _REWARD_FUNC_RE.match(key):
         return match[1]
+    if key.startswith(EVAL_PREFIX):
+        return key[len(EVAL_PREFIX) :]
     return key.split("/", 1)[-1] if key.startswith("maxent/") else key
+
+
+def _slots(fig, count: int) -> list:
+    """The reward spans the top row (legend on its right); the rest go two per row, a last odd
+    one full width."""
+    rest = count - 1
+    grid = fig.add_gridspec(1 + math.ceil(rest / 2), 2)
+    slots = [grid[0, :]]
+    for index in range(rest):
+        row, col = 1 + index // 2, index % 2
+        slots.append(grid[row, :] if index == rest - 1 and rest % 2 else grid[row, col])
+    return slots
+
+
+def _plot_panel(ax, panel: Panel, keys: Sequence[str], history: Sequence[dict], marker) -> None:
+    if panel.title == "Completion length":
+        xs, mean = _points(history, "completions/mean_length")
+        lo_x, lo = _points(history, "completions/min_length")
+        hi_x, hi = _points(history, "completions/max_length")
+        if lo and hi and lo_x == hi_x == xs:
+            ax.fill_between(xs, lo, hi, alpha=0.2, label="min-max")
+        if mean:
+            ax.plot(xs, mean, marker=marker, ms=3, label="mean")
+        return
+    positive = True
+    for key in keys:
+        xs, ys = _points(history, key)
+        positive = positive and all(y > 0 for y in ys)
+        style = {"lw": 2.0} if key == "reward" else {"lw": 1.2, "alpha": 0.85}
+        dots = "o" if key.startswith(EVAL_PREFIX) else marker  # a few points: always marked
+        ax.plot(xs, ys, marker=dots, ms=3, label=_label(key), **style)
+    if panel.log_scale and positive:
+        ax.set_yscale("log")
+    if keys and keys[0].startswith(EVAL_PREFIX):
+        ax.set_ylim(-0.05, 1.05)  # a pass@k score
+
+
+def _dress(ax, panel: Panel, steps: Sequence[int], resumes: Sequence[int], first: bool) -> None:
+    """Resume lines, limits, labels, grid and legend of one panel."""
+    from matplotlib.ticker import MaxNLocator
+
+    for step in resumes:
+        ax.axvline(step, color="0.35", ls="--", lw=1)
+    if steps:
+        ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+    ax.set_title(panel.title, fontsize=10)
+    ax.set_ylabel(panel.ylabel, fontsize=8)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    labeled = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+    if first and len(labeled) > 1:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    elif len(labeled) > 1 or panel.title == "Completion length":
+        ax.legend(fontsize=7, loc="best", framealpha=0.6)
 
 
 def draw(
@@ -198,61 +275,25 @@ def draw(
     """Draw the panels that have data into `png`; returns the titles of the panels drawn."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     present = {k: None for entry in history for k in entry}
     panels = [(p, _panel_keys(p, present)) for p in PANELS]
     panels = [(p, keys) for p, keys in panels if keys]
     if not panels:
         raise UserError("nothing to plot: the log history has none of the plotted metrics")
-    # The reward spans the top row (legend on its right); the rest go two per row, a last odd
-    # one full width.
-    rest = len(panels) - 1
-    rows = 1 + math.ceil(rest / 2)
-    fig = Figure(figsize=(10.5, 2.4 * rows + 0.6), dpi=dpi)
+    fig = Figure(figsize=(10.5, 2.4 * (1 + math.ceil((len(panels) - 1) / 2)) + 0.6), dpi=dpi)
     FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(rows, 2)
-    slots = [grid[0, :]]
-    for index in range(rest):
-        row, col = 1 + index // 2, index % 2
-        slots.append(grid[row, :] if index == rest - 1 and rest % 2 else grid[row, col])
     steps = [e["step"] for e in history if "step" in e]
-    markers = len(set(steps)) <= 60
+    marker = "o" if len(set(steps)) <= 60 else None
+    slots = _slots(fig, len(panels))
     for index, ((panel, keys), slot) in enumerate(zip(panels, slots, strict=True)):
         ax = fig.add_subplot(slot)
-        if panel.title == "Completion length":
-            xs, mean = _points(history, "completions/mean_length")
-            lo_x, lo = _points(history, "completions/min_length")
-            hi_x, hi = _points(history, "completions/max_length")
-            if lo and hi and lo_x == hi_x == xs:
-                ax.fill_between(xs, lo, hi, alpha=0.2, label="min-max")
-            if mean:
-                ax.plot(xs, mean, marker="o" if markers else None, ms=3, label="mean")
-        else:
-            positive = True
-            for key in keys:
-                xs, ys = _points(history, key)
-                positive = positive and all(y > 0 for y in ys)
-                style = {"lw": 2.0} if key == "reward" else {"lw": 1.2, "alpha": 0.85}
-                ax.plot(xs, ys, marker="o" if markers else None, ms=3, label=_label(key), **style)
-            if panel.log_scale and positive:
-                ax.set_yscale("log")
-        for step in resumes:
-            ax.axvline(step, color="0.35", ls="--", lw=1)
-        if steps:
-            ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
-        ax.set_title(panel.title, fontsize=10)
-        ax.set_ylabel(panel.ylabel, fontsize=8)
-        ax.tick_params(labelsize=8)
-        ax.grid(alpha=0.3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _plot_panel(ax, panel, keys, history, marker)
+        _dress(ax, panel, steps, resumes, first=index == 0)
+        # the x label under the bottom row: the last panel, and its left neighbour if paired
+        rest = len(panels) - 1
         if index == len(panels) - 1 or (index == len(panels) - 2 and rest % 2 == 0 and index):
             ax.set_xlabel("step", fontsize=8)
-        labeled = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
-        if index == 0 and len(labeled) > 1:
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        elif len(labeled) > 1 or panel.title == "Completion length":
-            ax.legend(fontsize=7, loc="best", framealpha=0.6)
     if resumes:
         title += "   (dashed: resumed from checkpoint " + ", ".join(map(str, resumes)) + ")"
     fig.suptitle(title, fontsize=11)
@@ -261,46 +302,52 @@ def draw(
     return [p.title for p, _ in panels]
 
 
+def _title(output_dir: Path, events: Sequence[dict], history: Sequence[dict]) -> str:
+    """`<run> (<method>), steps A-B[, not finished: up to step B]`."""
+    out = read_output_dir(output_dir)
+    attempts = split_attempts(events)
+    steps = [e for e in events if e["event"] == "step"]
+    latest = attempts[-1] if attempts else None
+    method = detect_method(out.marker, latest, steps, out)
+    if method is None and any(k.startswith("maxent/") for e in history for k in e):
+        method = "maxent"
+    label = METHOD_LABELS.get(method or "", "")
+    numbers = [e["step"] for e in history if "step" in e]
+    title = output_dir.resolve().name + (f" ({label})" if label else "")
+    if numbers:
+        title += f", steps {min(numbers)}-{max(numbers)}"
+        if out.marker is None:
+            title += f", not finished: up to step {max(numbers)}"
+    return title
+
+
 def plot_run(
     run: str,
     png: str | os.PathLike | None = None,
     csv_path: str | os.PathLike | None = None,
     outputs: str | os.PathLike = "outputs",
-    logs_dirs: Sequence[str | os.PathLike] = ("logs",),
 ) -> tuple[Path, Path, dict]:
     """Plot one run; returns (png, csv, info). Default files: ./<run>.png and the CSV beside."""
     output_dir = resolve_output_dir(run, outputs)
-    history, source = load_log_history(output_dir)
-    name = output_dir.resolve().name
-    png = Path(png) if png is not None else Path(f"{name}.png")
+    events = list(read_events(output_dir))
+    history, source = load_history(output_dir, events)
+    history = with_scores(history, events)
+    png = Path(png) if png is not None else Path(f"{output_dir.resolve().name}.png")
     csv_path = Path(csv_path) if csv_path is not None else png.with_suffix(".csv")
-    resumes = resume_points(name, logs_dirs)
-    out = read_output_dir(output_dir)
-    method = METHOD_NAMES.get(detect_method(out, None, None) or "", "")
-    if not method and any(k.startswith("maxent/") for e in history for k in e):
-        method = "MaxEnt"
-    steps = [e["step"] for e in history if "step" in e]
-    title = f"{name}" + (f" ({method})" if method else "")
-    if steps:
-        title += f", steps {min(steps)}-{max(steps)}"
-    if not (output_dir / RUN_MARKER).is_file():
-        title += f", not finished: up to {source.parent.name}"
     keys = series_keys(history)
     png.parent.mkdir(parents=True, exist_ok=True)
     csv_path.parent.mkdir(parents=True, exist_ok=True)
-    panels = draw(history, png, title, [step for step, _ in resumes])
+    resumes = resume_points(events)
+    panels = draw(history, png, _title(output_dir, events, history), resumes)
     rows = write_csv(csv_path, history, keys)
-    return png, csv_path, {"source": str(source), "panels": panels, "rows": rows, "keys": keys}
+    info = {"source": str(source), "panels": panels, "rows": rows, "keys": keys}
+    return png, csv_path, {**info, "resumed_from": resumes}
 
 
 def main(
-    run: str,
-    out: str | None = None,
-    csv_path: str | None = None,
-    outputs: str = "outputs",
-    logs_dirs: Sequence[str] = ("logs",),
+    run: str, out: str | None = None, csv_path: str | None = None, outputs: str = "outputs"
 ) -> int:
-    png, table, info = plot_run(run, out, csv_path, outputs, logs_dirs)
+    png, table, info = plot_run(run, out, csv_path, outputs)
     print(f"plot: {png} ({', '.join(info['panels'])})")
     print(f"csv: {table} ({info['rows']} steps x {len(info['keys'])} series from {info['source']})")
     return 0

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,8 +88,10 @@ def _fsync_dir(path: Path) -> None:
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write JSON so that readers see either nothing or the whole file."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write JSON so that readers see either nothing or the whole file. Several processes may
+    write the same file at once (the stop file: the launcher and every rank on a SIGTERM):
+    each writes its own temporary file, and the last rename wins."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as handle:
         json.dump(payload, handle)
         handle.flush()
@@ -142,7 +145,11 @@ class CompleteCheckpointsMixin:
         failpoint("checkpoint_unmarked", self.state.global_step)
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
+            # Imported here: the runs package reads this module's marker names.
+            from maxent_grpo.runs.events import emit
+
             mark_checkpoint_complete(checkpoint_dir, self.state.global_step)
+            emit(run_dir, "checkpoint", step=self.state.global_step, path=str(checkpoint_dir))
             delete_checkpoints(checkpoints_to_delete(list_checkpoints(run_dir), limit))
         self.accelerator.wait_for_everyone()
 
@@ -152,24 +159,19 @@ class CompleteCheckpointsMixin:
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         device = self.args.device
-        if checkpoint is None or device.type != "cpu" or device.index is None:
+        plain = not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
+        if checkpoint is None or device.type != "cpu" or device.index is None or not plain:
             return super()._load_optimizer_and_scheduler(checkpoint)
         # Multi-process CPU runs: transformers passes map_location=cpu:0, which torch.load
-        # cannot restore ("don't know how to restore data location ... cpu:0"). Map to "cpu".
+        # cannot restore ("don't know how to restore data location ... cpu:0"). Its plain
+        # (no DeepSpeed/FSDP/XLA) branch, with map_location="cpu".
         import torch
+        from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 
-        original = torch.load
-
-        def load_on_cpu(*args, **kwargs):
-            if kwargs.get("map_location") is not None:
-                kwargs["map_location"] = "cpu"
-            return original(*args, **kwargs)
-
-        torch.load = load_on_cpu
-        try:
-            return super()._load_optimizer_and_scheduler(checkpoint)
-        finally:
-            torch.load = original
+        optimizer, scheduler = Path(checkpoint) / OPTIMIZER_NAME, Path(checkpoint) / SCHEDULER_NAME
+        if optimizer.is_file() and scheduler.is_file():
+            for target, path in ((self.optimizer, optimizer), (self.lr_scheduler, scheduler)):
+                target.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
 STOP_REQUEST = "maxent_grpo_stop_requested"
@@ -196,14 +198,67 @@ def stop_requested(output_dir: str | os.PathLike) -> bool:
     return (Path(output_dir) / STOP_REQUEST).is_file()
 
 
+def stop_request_reason(output_dir: str | os.PathLike) -> str | None:
+    """Why a stop was requested (the stop file's reason), None without a request."""
+    try:
+        return str(json.loads((Path(output_dir) / STOP_REQUEST).read_text()).get("reason"))
+    except (OSError, ValueError, AttributeError):
+        return "stop requested through the stop file" if stop_requested(output_dir) else None
+
+
+# The stop signals this training process received (SIGTERM): a graceful stop, like the file.
+_STOP_SIGNALS: list[str] = []
+
+
+def install_stop_signal_handler(output_dir: str | os.PathLike) -> bool:
+    """SIGTERM asks this training process for a graceful stop instead of killing it.
+
+    Slurm (preemption, scancel, the end of the time limit) and torchrun's agent send SIGTERM
+    to every process. The handler only notes the signal and writes the stop file (which tells
+    the launcher, and every rank through the per-step all-reduce); the step in progress
+    finishes, a complete checkpoint is saved, and the process exits. Repeated signals are
+    no-ops: the agent forwards the SIGTERM the worker already got from Slurm. A hard stop is
+    SIGKILL (Slurm's KillWait, the agent's TORCH_ELASTIC_SHUTDOWN_TIMEOUT, the launcher).
+    Returns False off the main thread, where Python cannot install handlers.
+    """
+
+    def handle(signum: int, _frame) -> None:
+        if _STOP_SIGNALS:
+            return
+        name = signal.Signals(signum).name
+        _STOP_SIGNALS.append(name)
+        rank = os.environ.get("RANK", "0")
+        # os.write, not print: a handler that prints can hit a reentrant buffered write.
+        message = f"{name} received by rank {rank}: checkpointing at the next step boundary\n"
+        os.write(2, message.encode())
+        try:
+            request_stop(output_dir, f"{name} received by the training processes")
+        except OSError:
+            pass  # the flag alone still stops this rank (and, through it, every rank)
+
+    try:
+        signal.signal(signal.SIGTERM, handle)
+    except ValueError:
+        return False
+    return True
+
+
+def stop_signalled() -> bool:
+    """Whether this process received a stop signal (install_stop_signal_handler)."""
+    return bool(_STOP_SIGNALS)
+
+
 def make_stop_callback(trainer):
-    """A TrainerCallback: save and stop at the first step boundary after request_stop().
+    """A TrainerCallback: save and stop at the first step boundary after request_stop() or a
+    SIGTERM (install_stop_signal_handler, installed here).
 
     Every rank must stop at the same step, so the ranks agree with one tiny all-reduce per
     step (any rank that sees the request stops everyone).
     """
     import torch
     from transformers import TrainerCallback
+
+    install_stop_signal_handler(trainer.args.output_dir)
 
     class StopOnRequest(TrainerCallback):
         stopped = False
@@ -212,7 +267,7 @@ def make_stop_callback(trainer):
             failpoint("step_begin", state.global_step + 1)
 
         def on_step_end(self, args, state, control, **kwargs):
-            seen = stop_requested(args.output_dir)
+            seen = stop_signalled() or stop_requested(args.output_dir)
             if trainer.accelerator.num_processes > 1:
                 flag = torch.tensor([float(seen)], device=trainer.accelerator.device)
                 seen = trainer.accelerator.reduce(flag, "sum").item() > 0

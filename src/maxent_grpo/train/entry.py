@@ -1,8 +1,10 @@
-"""The training entry point shared by `src/grpo.py` and `src/maxent-grpo.py`.
+"""The training entry point: `python -m maxent_grpo.train`, `src/grpo.py`, `src/maxent-grpo.py`.
 
-main() is deliberately thin: data, rewards, tokenizer, TRL trainer, resume from the last
+train() is deliberately thin: data, rewards, tokenizer, TRL trainer, resume from the last
 complete checkpoint, final save, completion marker. Everything that can be checked before a
-model is loaded is checked first (preflight), so a bad recipe costs seconds, not a GPU slot.
+model is loaded is checked first (recipe.checks), so a bad recipe costs seconds, not a GPU
+slot. The method (grpo | maxent) picks the recipe sections and the trainer class
+(maxent_grpo.methods).
 """
 
 from __future__ import annotations
@@ -10,11 +12,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from maxent_grpo.configs import world_size_from_env
-from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError
+from maxent_grpo.errors import (
+    EXIT_CHECKPOINTED,
+    EXIT_USER_ERROR,
+    ConfigError,
+    UserError,
+    error_report,
+    exception_text,
+)
 from maxent_grpo.faults import failpoint
 from maxent_grpo.train.checkpoints import (
     CompleteCheckpointsMixin,
@@ -23,6 +34,8 @@ from maxent_grpo.train.checkpoints import (
     mark_run_complete,
     run_is_complete,
 )
+from maxent_grpo.train.heartbeat import attach_heartbeat
+from maxent_grpo.train.wandb_run import export_wandb_run, make_wandb_step_callback, uses_wandb
 
 
 class StoppedForRequeue(Exception):
@@ -58,6 +71,8 @@ def _export_wandb_settings(training_args) -> None:
         value = getattr(training_args, key)
         if value:
             os.environ[env] = value
+    # One W&B run across attempts: the run id persisted in output_dir (train/wandb_run.py).
+    export_wandb_run(training_args)
 
 
 def load_tokenizer(model_args, training_args):
@@ -96,36 +111,55 @@ def _is_final(checkpoint: Path, training_args) -> bool:
 
 
 def grpo_trainer_class():
-    """TRL's GRPOTrainer with complete-checkpoint marking and vLLM weight sync (nccl | disk).
+    """TRL's GRPOTrainer with an adaptive beta (kl_target, kl_horizon), complete-checkpoint
+    marking, the data order of an uninterrupted run on resume, and vLLM weight sync.
 
     Imported lazily: TRL is slow.
     """
     import trl
 
+    from maxent_grpo.train.adaptive_kl import AdaptiveKLMixin
+    from maxent_grpo.train.data_order import EpochOrderMixin
     from maxent_grpo.train.vllm_sync import VLLMSyncMixin
 
-    class GRPOTrainer(CompleteCheckpointsMixin, VLLMSyncMixin, trl.GRPOTrainer):
+    # AdaptiveKLMixin first: its checkpoint state loads on every path of the others.
+    class GRPOTrainer(
+        AdaptiveKLMixin, CompleteCheckpointsMixin, EpochOrderMixin, VLLMSyncMixin, trl.GRPOTrainer
+    ):
         pass
 
     return GRPOTrainer
 
 
-def main(script_args, training_args, model_args, trainer_class=None, method: str = "grpo"):
-    """Train one recipe to completion (or to the next checkpoint when stopped)."""
-    from transformers import set_seed
+def make_step_event_callback():
+    """A TrainerCallback: a `step` event (runs/events.py) for every log of the main process."""
+    from transformers import TrainerCallback
+
+    from maxent_grpo.runs.events import emit
+
+    class StepEvents(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero or not logs:
+                return
+            metrics = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and k != "step"}
+            emit(
+                args.output_dir,
+                "step",
+                step=state.global_step,
+                metrics=metrics,
+                max_steps=state.max_steps,
+            )
+
+    return StepEvents()
+
+
+def _build_trainer(recipe, trainer_class):
     from trl import get_peft_config
 
     from maxent_grpo.data import load_datasets
     from maxent_grpo.rewards import get_reward_funcs, guard_rewards
 
-    _setup_logging(training_args)
-    output_dir = Path(training_args.output_dir)
-    if run_is_complete(output_dir):
-        logger.info("%s already holds a completed run; nothing to do.", output_dir)
-        return
-    set_seed(training_args.seed)
-    _export_wandb_settings(training_args)
-
+    script_args, training_args, model_args = recipe.script, recipe.training, recipe.model
     dataset = load_datasets(script_args)
     reward_funcs = guard_rewards(
         get_reward_funcs(
@@ -136,23 +170,61 @@ def main(script_args, training_args, model_args, trainer_class=None, method: str
     )
     tokenizer = load_tokenizer(model_args, training_args)
     training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
-
     # load_datasets names the splits "train" and (when there is one) "test".
     eval_dataset = dataset.get("test") if training_args.eval_strategy != "no" else None
+    with _refused_values(recipe):
+        return trainer_class(
+            model=model_args.model_name_or_path,
+            reward_funcs=reward_funcs,
+            args=training_args,
+            train_dataset=dataset["train"],
+            eval_dataset=eval_dataset,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+        )
 
-    trainer_class = trainer_class or grpo_trainer_class()
-    trainer = trainer_class(
-        model=model_args.model_name_or_path,
-        reward_funcs=reward_funcs,
-        args=training_args,
-        train_dataset=dataset["train"],
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-    )
 
-    stop = make_stop_callback(trainer)
-    trainer.add_callback(stop)
+# What TRL's trainer constructor raises for a value it refuses; anything else (out of memory,
+# a missing file, a bug) keeps its own class and traceback.
+_REFUSALS = (ValueError, TypeError, KeyError, AssertionError, NotImplementedError)
+
+
+@contextmanager
+def _refused_values(recipe) -> Iterator[None]:
+    """A value the trainer refuses while it is built is a recipe problem: one line naming the
+    recipe and, when the message names one, the key (checks.py refuses what it can earlier)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except _REFUSALS as exc:
+        logger.debug("building the trainer failed", exc_info=True)
+        raise ConfigError(refusal_line(recipe, exc)) from exc
+
+
+def _named(key: str) -> str:
+    """A key in a library's message: `reward_weights`, or in prose, "reward weights"."""
+    return r"(?<![\w.])" + re.escape(key).replace("_", "[_ ]") + r"(?!\w)"
+
+
+def refusal_line(recipe, exc: BaseException) -> str:
+    """`recipe: key 'k' (value): the trainer refused it: message`, or without a key."""
+    text = exception_text(exc)
+    sections = [s for s in (recipe.script, recipe.training, recipe.model) if s is not None]
+    named = [
+        (match.start(), field.name, getattr(section, field.name))
+        for section in sections
+        for field in dataclasses.fields(section)
+        if (match := re.search(_named(field.name), text, re.IGNORECASE))
+    ]
+    if not named:
+        return f"{recipe.path}: the trainer could not be built: {text}"
+    _, key, value = min(named)  # the first key the message names
+    return f"{recipe.path}: key '{key}' ({value!r}): the trainer refused it: {text}; fix {key}"
+
+
+def _train_from_last_checkpoint(trainer, output_dir: Path, training_args) -> float | None:
+    """Train, resuming from the last complete checkpoint; the training loss (None: none run)."""
     checkpoint = last_complete_checkpoint(output_dir)
     if checkpoint is not None:
         logger.info("Resuming from %s", checkpoint)
@@ -164,10 +236,48 @@ def main(script_args, training_args, model_args, trainer_class=None, method: str
 
         trainer._load_from_checkpoint(str(checkpoint))
         trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
-        train_loss = None
-    else:
-        resume = str(checkpoint) if checkpoint else None
-        train_loss = trainer.train(resume_from_checkpoint=resume).training_loss
+        return None
+    resume = str(checkpoint) if checkpoint else None
+    return trainer.train(resume_from_checkpoint=resume).training_loss
+
+
+def _save_final(trainer, output_dir: Path, method: str, train_loss: float | None) -> None:
+    trainer.save_model(str(output_dir))
+    trainer.save_state()  # trainer_state.json (log history) beside the final model
+    failpoint("final_save")
+    trainer.accelerator.wait_for_everyone()
+    if trainer.accelerator.is_main_process:
+        mark_run_complete(
+            output_dir,
+            {"method": method, "global_step": trainer.state.global_step, "train_loss": train_loss},
+        )
+        logger.info("Training complete; model saved to %s", output_dir)
+
+
+def train(recipe, trainer_class=None) -> None:
+    """Train one checked recipe to completion (or to the next checkpoint when stopped)."""
+    from transformers import set_seed
+
+    training_args = recipe.training
+    _setup_logging(training_args)
+    output_dir = Path(training_args.output_dir)
+    if run_is_complete(output_dir):
+        logger.info("%s already holds a completed run; nothing to do.", output_dir)
+        return
+    set_seed(training_args.seed)
+    _export_wandb_settings(training_args)
+    trainer = _build_trainer(recipe, trainer_class or grpo_trainer_class())
+    attach_heartbeat(trainer)  # the launcher's hang watchdog; stacks on request
+    stop = make_stop_callback(trainer)  # also: SIGTERM saves at the next step boundary
+    trainer.add_callback(stop)
+    trainer.add_callback(make_step_event_callback())
+    from maxent_grpo.evaluate.schedule import make_callback as evaluation_callback
+
+    if (evaluations := evaluation_callback(recipe)) is not None:
+        trainer.add_callback(evaluations)  # benchmark_mode slurm: a job per saved checkpoint
+    if uses_wandb(training_args):
+        trainer.add_callback(make_wandb_step_callback())
+    train_loss = _train_from_last_checkpoint(trainer, output_dir, training_args)
     if stop.stopped and trainer.state.global_step < trainer.state.max_steps:
         trainer.accelerator.wait_for_everyone()  # no rank leaves while another still saves
         logger.info(
@@ -176,46 +286,39 @@ def main(script_args, training_args, model_args, trainer_class=None, method: str
             last_complete_checkpoint(output_dir),
         )
         raise StoppedForRequeue(trainer.state.global_step)
-
-    trainer.save_model(str(output_dir))
-    trainer.save_state()  # trainer_state.json (log history) beside the final model
-    failpoint("final_save")
-    trainer.accelerator.wait_for_everyone()
-    if trainer.accelerator.is_main_process:
-        mark_run_complete(
-            output_dir,
-            {
-                "method": method,
-                "global_step": trainer.state.global_step,
-                "train_loss": train_loss,
-            },
-        )
-        logger.info("Training complete; model saved to %s", output_dir)
+    _save_final(trainer, output_dir, recipe.method, train_loss)
 
 
-def parse_and_check(argv: list[str], types=None):
-    """Parse a recipe and run every check that needs no model: one line per problem."""
-    from maxent_grpo.configs import GRPO_TYPES, parse_recipe
-    from maxent_grpo.preflight import check_recipe
-
-    parsed = parse_recipe(argv, types or GRPO_TYPES)
-    script_args, training_args, model_args = parsed[:3]
-    mixture = check_recipe(script_args, training_args, model_args)
-    script_args = dataclasses.replace(script_args, dataset_mixture=mixture)
-    return (script_args, training_args, model_args, *parsed[3:])
+def world_size_from(environ) -> int:
+    """Training processes of this job, as accelerate/torchrun announced them (1 when alone)."""
+    return int(environ.get("WORLD_SIZE") or 1)
 
 
-def cli_main(argv: list[str], types=None, trainer_class_factory=None, method: str = "grpo") -> int:
-    """Entry point body: user errors are one line on stderr and exit code EXIT_USER_ERROR."""
+def cli_main(argv: list[str], method: str | None = None) -> int:
+    """Entry point body: user errors are one line on stderr and exit code EXIT_USER_ERROR.
+
+    method: the entry script's (src/grpo.py: grpo), `--method`, or None for the recipe's.
+    """
+    from maxent_grpo.methods import METHODS
+    from maxent_grpo.recipe import parse_recipe
+    from maxent_grpo.recipe.checks import check_recipe
+
+    world_size = world_size_from(os.environ)
     try:
-        script_args, training_args, model_args, *_ = parse_and_check(argv, types)
-        trainer_class = trainer_class_factory() if trainer_class_factory else None
-        main(script_args, training_args, model_args, trainer_class, method)
+        recipe = parse_recipe(argv, method, world_size)
+        # This process starts the run's work: the recipe's env: block applies from here on
+        # (under the launcher it is already in the environment, with the same values).
+        os.environ.update(recipe.env)
+        recipe = check_recipe(recipe)
+        train(recipe, METHODS[recipe.method].trainer_class())
+        from maxent_grpo.evaluate.schedule import after_training
+
+        after_training(recipe)  # benchmarks: queue (slurm) or run (inline) what is still due
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_report(exc), file=sys.stderr)
         return EXIT_USER_ERROR
     except StoppedForRequeue:
         # One process: a distinct code. Under accelerate/torchrun a non-zero rank would make
         # torchrun kill its peers and print a failure report; the launcher knows it asked.
-        return EXIT_CHECKPOINTED if world_size_from_env() == 1 else 0
+        return EXIT_CHECKPOINTED if world_size == 1 else 0
     return 0

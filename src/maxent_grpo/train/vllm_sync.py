@@ -1,6 +1,6 @@
 """Weight sync between the trainer and the vLLM server: `nccl` (TRL's own) or `disk`.
 
-Recipe key `vllm_weight_sync` (configs.GRPOConfig), used with `use_vllm: true` and
+Recipe key `vllm_weight_sync` (recipe.keys.GRPOConfig), used with `use_vllm: true` and
 `vllm_mode: server`:
 
 - `nccl` (default): TRL's NCCL weight-transfer engine streams every tensor into the server.
@@ -19,9 +19,11 @@ Trainers get this by including the mixin before TRL's trainer class:
 
     class GRPOTrainer(CompleteCheckpointsMixin, VLLMSyncMixin, trl.GRPOTrainer): ...
 
-In disk mode the mixin makes TRL build its vLLM backend (VLLMGeneration) as our subclass for
-the duration of the trainer's __init__: TRL's own __init__ would otherwise open the NCCL
-communicator, which raises without CUDA. Nothing else of TRL is changed.
+In server mode the mixin makes TRL build its vLLM backend (VLLMGeneration) as our subclass
+for the duration of the trainer's __init__: one that connects at its first use
+(train/vllm_connect.py), so the trainers start while the server boots; in disk mode also
+without the NCCL communicator, which TRL would open and which raises without CUDA. Nothing
+else of TRL is changed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import uuid
 from pathlib import Path
 
 from maxent_grpo.errors import UserError
+from maxent_grpo.train.vllm_connect import deferred_generation_class
 
 WEIGHT_SYNC_METRIC = "vllm/weight_sync_seconds"
 WEIGHTS_DIRNAME = ".vllm_weights"
@@ -137,28 +140,21 @@ def reload_weights(client, directory: Path) -> None:
 def disk_generation_class():
     """TRL's VLLMGeneration with disk weight sync in server mode (built lazily: TRL is slow)."""
     from trl.generation.vllm_client import VLLMClient
-    from trl.generation.vllm_generation import VLLMGeneration
 
-    class DiskSyncVLLMGeneration(VLLMGeneration):
+    class DiskSyncVLLMGeneration(deferred_generation_class()):
         """Server mode without an NCCL group: weights go through a safetensors directory."""
 
         def __init__(self, *args, weights_dir: Path, **kwargs):
             self.weights_dir = Path(weights_dir)
             super().__init__(*args, **kwargs)
 
-        def _init_vllm(self):
-            if self.mode != "server":
-                return super()._init_vllm()
-            accelerator = self.accelerator
-            if accelerator.is_main_process:
-                base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
-                # TRL's client (health check, generation); no init_communicator: no NCCL group.
-                self.vllm_client = VLLMClient(
-                    base_url=base_url,
-                    group_port=self.group_port,
-                    connection_timeout=self.server_timeout,
-                )
-            accelerator.wait_for_everyone()
+        def _open_client(self, base_url: str) -> None:
+            # TRL's client (health check, generation); no init_communicator: no NCCL group.
+            self.vllm_client = VLLMClient(
+                base_url=base_url,
+                group_port=self.group_port,
+                connection_timeout=self.server_timeout,
+            )
 
         def sync_weights(self):
             if self.mode != "server":
@@ -191,8 +187,12 @@ def disk_generation_class():
 def _vllm_generation_replaced(trainer_cls: type, factory):
     """Make the trainer's __init__ build `factory(...)` where TRL builds VLLMGeneration.
 
-    TRL's trainers refer to VLLMGeneration through their module's global name; that name is
-    swapped in each module of the class hierarchy that uses it, and restored on exit.
+    Why a swapped global and not a parameter: TRL 1.16's GRPOTrainer.__init__ builds
+    `VLLMGeneration(...)` inline, through its module's global name, with no argument or
+    factory method to override, and VLLMGeneration.__init__ opens the NCCL group (which
+    raises without CUDA) before any hook of ours could run. So the name is swapped in each
+    module of the class hierarchy that uses it, for the duration of __init__ only, under a
+    lock, and restored on exit. This is the only place we do it.
     """
     from trl.generation.vllm_generation import VLLMGeneration
 
@@ -221,14 +221,16 @@ class VLLMSyncMixin:
     def __init__(self, *args, **kwargs):
         training_args = kwargs.get("args", args[2] if len(args) > 2 else None)
         mode = check_weight_sync(training_args)
-        if mode == "disk":
-            factory = functools.partial(
-                disk_generation_class(), weights_dir=weights_dir(training_args)
-            )
+        if mode is None:
+            super().__init__(*args, **kwargs)
+        else:  # server mode: connect at the first use (train/vllm_connect.py)
+            factory = deferred_generation_class()
+            if mode == "disk":
+                factory = functools.partial(
+                    disk_generation_class(), weights_dir=weights_dir(training_args)
+                )
             with _vllm_generation_replaced(type(self), factory):
                 super().__init__(*args, **kwargs)
-        else:
-            super().__init__(*args, **kwargs)
         self.vllm_weight_sync = mode
         if getattr(self, "use_vllm", False) and hasattr(self, "vllm_generation"):
             self._time_weight_sync()
@@ -238,6 +240,9 @@ class VLLMSyncMixin:
         sync = generation.sync_weights
 
         def timed_sync():
+            connect = getattr(generation, "connect", None)
+            if connect is not None and self.accelerator.is_main_process:
+                connect()  # the first sync waits for the server: not part of its time
             start = time.perf_counter()
             sync()
             seconds = time.perf_counter() - start

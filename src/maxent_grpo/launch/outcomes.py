@@ -1,0 +1,199 @@
+"""How an attempt ended: its class, a one-line reason, and whether another attempt can help.
+
+Pure functions of what the launcher saw (signals, the watchdog, the trainers' exit reports,
+the end of the train log, Slurm's record of the job, the previous attempt's outcome). The
+classes (docs/troubleshooting.md, "Why an attempt ended"):
+
+  completed     the run is done
+  user_error    permanent: the recipe or the allocation is wrong; the reason says what
+  oom           permanent: out of memory; the reason says which keys to lower
+  preempted     Slurm preempted the job (SIGTERM, the job has a PreemptTime)
+  time_limit    the time limit's warning signal (SIGUSR1 from training.sh) or TIMEOUT
+  stopped       asked to stop: the stop file, Ctrl-C, SIGTERM outside Slurm, scancel
+  hang          no progress for hang_timeout seconds (launch/watchdog.py)
+  crash         a process failed; the same error twice in a row is permanent
+  node_failure  a node of the job failed (Slurm said so)
+
+Requeues and array retries are spent only on transient classes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR
+
+EXIT_FAILED = 1
+STOP_CLASSES = ("preempted", "time_limit", "stopped")
+PERMANENT = ("user_error", "oom")
+TRANSIENT = (*STOP_CLASSES, "hang", "crash", "node_failure")
+OOM_HINT = (
+    "lower per_device_train_batch_size or num_generations (keeping the batch arithmetic), "
+    "or set gradient_checkpointing: true"
+)
+# Lines that say a node of the job failed: srun's and slurmstepd's words for it.
+_NODE_FAILURE = re.compile(r"node fail|NODE_FAIL|DUE TO NODE FAILURE", re.IGNORECASE)
+# An exception line in a log: "RuntimeError: ...", "[rank1]: torch.OutOfMemoryError: ...".
+_EXCEPTION = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt)): (.+)$"
+)
+_OOM_LINE = re.compile(r"OutOfMemoryError|CUDA out of memory|MemoryError")
+# What accelerate and torchrun raise about a failed child: the child's own error is earlier.
+_LAUNCHERS = re.compile(r"ChildFailedError|CalledProcessError|SignalException")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # a class above
+    reason: str  # one line
+    code: int  # the launcher's exit code
+    requeued_by_slurm: bool = False  # Slurm already requeued the job (preemption, REQUEUE)
+
+    @property
+    def permanent(self) -> bool:
+        return self.kind in PERMANENT
+
+    @property
+    def transient(self) -> bool:
+        return self.kind in TRANSIENT
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def stop_outcome(
+    reason: str, signal_name: str | None, job: Mapping[str, str] | None, restarts: int = 0
+) -> Outcome:
+    """A graceful stop's class. job: Slurm's record of this job (`scontrol show job -o`), or
+    None outside Slurm (or when scontrol did not answer); restarts: this attempt's
+    SLURM_RESTART_COUNT.
+
+    What Slurm 22.05 shows (measured on the test cluster): during a preemption's grace time
+    the job has a PreemptTime; when the grace time ends and the batch step gets SIGTERM, the
+    job is already COMPLETING with Restarts one higher (Slurm requeues it itself) and no
+    PreemptTime any more.
+    """
+    kind, by_slurm = "stopped", False
+    if job is not None:
+        state = job.get("JobState", "")
+        by_slurm = int(job.get("Restarts") or 0) > restarts
+        if job.get("PreemptTime", "None") not in ("None", "", "Unknown"):
+            kind = "preempted"
+        elif state == "NODE_FAIL" or "NodeDown" in job.get("Reason", ""):
+            kind = "node_failure"  # Slurm ends the job on every node when one of them fails
+        elif state == "TIMEOUT" or signal_name == "SIGUSR1":
+            kind = "time_limit"
+        elif state == "PREEMPTED" or by_slurm:
+            kind = "preempted"
+            reason = f"{reason}; Slurm requeued the job (preemption)" if by_slurm else reason
+    return Outcome(kind, one_line(reason), EXIT_CHECKPOINTED, by_slurm)
+
+
+def _normalised(reason: str) -> str:
+    """A reason without the numbers that differ between two runs of the same error."""
+    return re.sub(r"0x[0-9a-fA-F]+|\d+", "#", reason)
+
+
+def crash_outcome(reason: str, previous: Mapping | None) -> Outcome:
+    """A crash; permanent (user_error-like, no retry) when the previous attempt ended with the
+    same error."""
+    reason = one_line(reason)
+    if previous and previous.get("outcome") == "crash":
+        before = one_line(previous.get("reason") or "").removeprefix("the same error twice: ")
+        if _normalised(before) == _normalised(reason):
+            return Outcome("crash", f"the same error twice: {reason}", EXIT_USER_ERROR)
+    return Outcome("crash", reason, EXIT_FAILED)
+
+
+def is_permanent(outcome: Outcome) -> bool:
+    """Whether no later attempt may retry: permanent classes and a repeated crash."""
+    return outcome.permanent or outcome.reason.startswith("the same error twice: ")
+
+
+def from_exit_reports(reports: Sequence[Mapping], previous: Mapping | None) -> Outcome | None:
+    """The class from the trainers' exit reports (train/heartbeat.py), the earliest first:
+    the rank that failed first is the cause, the others often fail because of it."""
+    if not reports:
+        return None
+    first = min(reports, key=lambda r: r.get("time", 0))
+    what = f"rank {first.get('rank')}: {first.get('type')}: {first.get('message', '')}"
+    if first.get("kind") == "oom":
+        return Outcome("oom", f"out of memory ({what}); {OOM_HINT}", EXIT_USER_ERROR)
+    if first.get("kind") == "user_error":
+        return Outcome("user_error", one_line(what), EXIT_USER_ERROR)
+    return crash_outcome(what, previous)
+
+
+def _node_failure_line(tail: str) -> str | None:
+    """The last line of a log that says a node of the job failed (srun, Slurm), if any."""
+    lines = [line.strip() for line in tail.splitlines()]
+    return next((one_line(x) for x in reversed(lines) if _NODE_FAILURE.search(x)), None)
+
+
+def from_log(tail: str, code: int | None, previous: Mapping | None) -> Outcome:
+    """The class when no trainer wrote an exit report: the end of the train log decides."""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    node_failure = _node_failure_line(tail)
+    if node_failure is not None:
+        return Outcome("node_failure", node_failure, EXIT_FAILED)
+    for line in reversed(lines):
+        if line.startswith("error: "):  # a user error, as the trainer prints it (entry.py)
+            return Outcome("user_error", line.removeprefix("error: "), EXIT_USER_ERROR)
+    for line in reversed(lines):
+        if (match := _EXCEPTION.match(line)) and not _LAUNCHERS.search(match.group(1)):
+            what = f"{match.group(1)}: {match.group(2)}"
+            if _OOM_LINE.search(match.group(1)):
+                return Outcome("oom", f"out of memory ({what}); {OOM_HINT}", EXIT_USER_ERROR)
+            return crash_outcome(what, previous)
+    killed = f"killed by signal {-code}" if code is not None and code < 0 else None
+    return crash_outcome(f"training {killed or f'exited with code {code}'}", previous)
+
+
+def previous_outcome(output_dir) -> dict | None:
+    """The last outcome event of the run so far (before this attempt's start), or None."""
+    from maxent_grpo.runs.events import read_sparse
+
+    outcomes = [e for e in read_sparse(output_dir, last_steps=0) if e["event"] == "outcome"]
+    return outcomes[-1] if outcomes else None
+
+
+def log_tail(path, lines: int = 60) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            handle.seek(max(0, handle.tell() - 32768))
+            data = handle.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def classify(output_dir, watched, stop, previous: Mapping | None, train_log) -> Outcome:
+    """The attempt's class from what the launcher saw, most certain first: the completion
+    marker, a hang, a stop (stop: stop_outcome's arguments, or None), a dead
+    server, the trainers' exit reports, the end of the train log.
+
+    watched: launch/watchdog.py Watched.
+    """
+    from maxent_grpo.train.checkpoints import run_is_complete
+    from maxent_grpo.train.heartbeat import read_exit_reports
+
+    if run_is_complete(output_dir):
+        return Outcome("completed", "training complete", 0)
+    if watched.hang is not None:
+        return Outcome("hang", one_line(watched.hang.reason), EXIT_FAILED)
+    if stop is not None:
+        found = stop_outcome(*stop)
+        node_failure = _node_failure_line(log_tail(train_log))  # srun: a node of the job failed
+        if node_failure is not None:  # the stop was Slurm ending the job because of it
+            return Outcome("node_failure", node_failure, found.code, found.requeued_by_slurm)
+        return found
+    if watched.server_died is not None:
+        return crash_outcome(watched.server_died.splitlines()[0], previous)
+    found = from_exit_reports(read_exit_reports(output_dir), previous)
+    if found is not None:
+        return found
+    return from_log(log_tail(train_log), watched.code, previous)

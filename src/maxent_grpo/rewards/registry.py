@@ -1,0 +1,263 @@
+"""Reward names: the built-in registry, its settings, and ``module:function`` custom rewards."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from maxent_grpo.rewards import builtin, code
+from maxent_grpo.rewards.common import RewardError, RewardFunc
+from maxent_grpo.rewards.sandbox import Limits
+
+# --------------------------------------------------------------------------------------
+# Settings of the parametrised built-ins: name -> (default, check). A check takes the
+# setting's name and raw value (YAML or CLI: numbers may arrive as strings) and returns
+# the value to use, or raises RewardError.
+# --------------------------------------------------------------------------------------
+
+
+def _int_at_least(minimum: int) -> Callable[[str, Any], int]:
+    def check(key: str, value: Any) -> int:
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                value = int(value.strip())
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise RewardError(f"setting {key} must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    return check
+
+
+def _number(key: str, value: Any) -> float:
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = float(value.strip())
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RewardError(f"setting {key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _penalty(key: str, value: Any) -> float:
+    value = _number(key, value)
+    if value > 0:
+        raise RewardError(f"setting {key} must be <= 0, got {value!r}")
+    return value
+
+
+def _positive(key: str, value: Any) -> float:
+    value = _number(key, value)
+    if value <= 0:
+        raise RewardError(f"setting {key} must be > 0, got {value!r}")
+    return value
+
+
+def _one_of(*choices: str) -> Callable[[str, Any], str]:
+    def check(key: str, value: Any) -> str:
+        if value not in choices:
+            raise RewardError(f"setting {key} must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    return check
+
+
+_SETTINGS: dict[str, tuple[Any, Callable[[str, Any], Any]]] = {
+    "overlong_max_length": (1024, _int_at_least(1)),
+    "overlong_buffer": (256, _int_at_least(1)),
+    "repetition_n_grams": (3, _int_at_least(1)),
+    "repetition_max_penalty": (-1.0, _penalty),
+    # open-r1's cosine keys and defaults
+    "cosine_min_value_wrong": (0.0, _number),
+    "cosine_max_value_wrong": (-0.5, _number),
+    "cosine_min_value_correct": (0.5, _number),
+    "cosine_max_value_correct": (1.0, _number),
+    "cosine_max_len": (1000, _int_at_least(1)),
+    # code rewards: open-r1's keys, plus the local sandbox's limits
+    "code_provider": ("local", _one_of("local", *code.REMOTE_PROVIDERS)),
+    "code_language": ("python", _one_of("python")),
+    "parallel_code_exec_per_proc": (2, _int_at_least(1)),
+    "code_timeout_seconds": (5.0, _positive),
+    "code_memory_mb": (1024, _int_at_least(64)),
+}
+
+#: Settings understood by the parametrised built-in rewards, with their defaults.
+REWARD_SETTINGS: dict[str, Any] = {name: default for name, (default, _) in _SETTINGS.items()}
+
+
+def _resolve_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(settings) - set(_SETTINGS))
+    if unknown:
+        raise RewardError(
+            f"unknown reward setting(s) {', '.join(unknown)}; "
+            f"valid settings: {', '.join(sorted(_SETTINGS))}"
+        )
+    merged = {**REWARD_SETTINGS, **settings}
+    return {name: check(name, merged[name]) for name, (_, check) in _SETTINGS.items()}
+
+
+def _sandbox(settings: Mapping[str, Any]) -> tuple[Limits, int]:
+    """Limits and parallel runs of the rewards that execute code; remote providers refused."""
+    code.refuse_provider(settings["code_provider"])
+    limits = Limits(
+        wall_seconds=settings["code_timeout_seconds"], memory_mb=settings["code_memory_mb"]
+    )
+    return limits, settings["parallel_code_exec_per_proc"]
+
+
+# Registry: name -> builder taking the resolved settings.
+_REGISTRY: dict[str, Callable[[Mapping[str, Any]], RewardFunc]] = {
+    "accuracy": lambda s: builtin.accuracy,
+    "answer_match": lambda s: builtin.answer_match,
+    "format": lambda s: builtin.format,
+    "tag_count": lambda s: builtin.tag_count,
+    "length": lambda s: builtin.length,
+    "soft_overlong_punishment": lambda s: builtin.SoftOverlongPunishment(
+        s["overlong_max_length"], s["overlong_buffer"]
+    ),
+    "repetition_penalty": lambda s: builtin.RepetitionPenalty(
+        s["repetition_n_grams"], s["repetition_max_penalty"]
+    ),
+    "reasoning_steps": lambda s: builtin.reasoning_steps,
+    "cosine": lambda s: builtin.CosineScaled(
+        s["cosine_min_value_wrong"],
+        s["cosine_max_value_wrong"],
+        s["cosine_min_value_correct"],
+        s["cosine_max_value_correct"],
+        s["cosine_max_len"],
+    ),
+    "boxed_accuracy_math": lambda s: builtin.boxed_accuracy_math,
+    "boxed_missing_penalty": lambda s: builtin.boxed_missing_penalty,
+    "digit_fraction": lambda s: builtin.digit_fraction,
+    "code": lambda s: code.CodeTests(False, *_sandbox(s)),
+    "binary_code": lambda s: code.CodeTests(True, *_sandbox(s)),
+    "python_unit_tests": lambda s: code.UnitTests(*_sandbox(s)),
+    "code_format": lambda s: code.code_format,
+}
+
+
+# --------------------------------------------------------------------------------------
+# Custom rewards: "module:function"
+# --------------------------------------------------------------------------------------
+
+
+def _one_line(exc: BaseException) -> str:
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _import_file(path: Path) -> ModuleType:
+    if not path.is_file():
+        raise ModuleNotFoundError(f"No such file '{path}'")
+    name = path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import '{path}'")
+    module = importlib.util.module_from_spec(spec)
+    registered = sys.modules.setdefault(name, module) is module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        if registered:
+            del sys.modules[name]
+        raise
+    return module
+
+
+def _import_module(module_name: str) -> ModuleType:
+    if module_name.endswith(".py") or os.sep in module_name:
+        return _import_file(Path(module_name))
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Entry-point scripts do not put the working directory on sys.path; let
+        # "my_rewards:fn" find ./my_rewards.py all the same.
+        cwd = os.getcwd()
+        top = module_name.split(".")[0]
+        on_path = {os.path.abspath(p or os.curdir) for p in sys.path}
+        if exc.name != top or cwd in on_path:
+            raise
+        sys.path.insert(0, cwd)
+        try:
+            return importlib.import_module(module_name)
+        except ModuleNotFoundError as retry_exc:
+            if retry_exc.name == top:
+                raise exc from None
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(cwd)
+
+
+def _load_custom(spec: str) -> RewardFunc:
+    module_name, _, attr = spec.rpartition(":")
+    module_name, attr = module_name.strip(), attr.strip()
+    if not module_name or not attr:
+        raise RewardError(f"invalid reward spec {spec!r}: expected 'module:function'")
+    try:
+        module = _import_module(module_name)
+    except Exception as exc:  # any import-time failure is reported
+        raise RewardError(f"cannot load reward {spec!r}: {_one_line(exc)}") from exc
+    obj: Any = module
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError as exc:
+        raise RewardError(f"cannot load reward {spec!r}: {_one_line(exc)}") from exc
+    if not callable(obj):
+        raise RewardError(
+            f"cannot load reward {spec!r}: TypeError: {attr!r} in module {module_name!r} "
+            f"is not callable (got {type(obj).__name__})"
+        )
+    return obj
+
+
+# --------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------
+
+
+def list_reward_names() -> list[str]:
+    """Names of the built-in rewards, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_reward_funcs(names: Sequence[str], **settings: Any) -> list[RewardFunc]:
+    """Resolve reward names into TRL reward callables, in the given order.
+
+    Each name is either a built-in (see :func:`list_reward_names`) or a
+    ``module:function`` spec: the module is imported (a module on ``sys.path``, in
+    the working directory, or a ``path/to/file.py``) and the attribute returned
+    as is. ``settings`` override ``REWARD_SETTINGS`` for the parametrised
+    built-ins (``soft_overlong_punishment``, ``repetition_penalty``).
+
+    Raises:
+        maxent_grpo.rewards.common.RewardError: an unknown name, a spec that cannot be
+            loaded, or an unknown or invalid setting. The message is a single line.
+    """
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise RewardError(f"reward names must be a list of strings, got {names!r}")
+    resolved = _resolve_settings(settings)
+    funcs: list[RewardFunc] = []
+    for raw in names:
+        if not isinstance(raw, str):
+            raise RewardError(f"reward names must be strings, got {raw!r}")
+        name = raw.strip()
+        if name in _REGISTRY:
+            funcs.append(_REGISTRY[name](resolved))
+        elif name in code.JUDGED_REWARDS:
+            code.refuse_judged(name)
+        elif ":" in name:
+            funcs.append(_load_custom(name))
+        else:
+            raise RewardError(
+                f"unknown reward {raw!r}; valid names: {', '.join(list_reward_names())} "
+                "(or 'module:function' for a custom reward)"
+            )
+    return funcs

@@ -1,0 +1,83 @@
+"""Adaptive KL coefficient for GRPO: TRL's `beta` steered toward `kl_target`.
+
+The controller is MaxEnt-GRPO's (maxent/controllers.py `KLController`, Ziegler et al. 2019):
+after every optimizer step, beta <- beta * (1 + clip(KL / kl_target - 1, -0.2, 0.2) * n /
+kl_horizon), with KL the mean of TRL's `kl` metric (per-token k3 estimate of KL(policy ||
+reference), gathered over processes) over the step's micro-batches and n the step's
+completions over all processes. TRL reads `self.beta` at every loss, so the new value applies
+from the next step. Its state is saved in each checkpoint (`kl_controller_state.json`) and
+restored on resume.
+
+Overrides (see docs/architecture.md): `_compute_loss` (called, then TRL's `_metrics` read),
+`_save_optimizer_and_scheduler` and `_load_optimizer_and_scheduler`: the state travels with
+the optimizer's, inside the checkpoint before it is marked complete. The mixin comes first in
+the trainer's bases (train/entry.py `grpo_trainer_class`), so its loading runs on every path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from maxent_grpo.maxent.controllers import KLController
+from maxent_grpo.train.checkpoints import write_json_atomic
+
+KL_STATE_FILE = "kl_controller_state.json"
+
+logger = logging.getLogger("maxent_grpo")
+
+
+class AdaptiveKLMixin:
+    """For a TRL GRPOTrainer whose args are our GRPOConfig (init_kl_coeff, kl_target, kl_horizon).
+
+    Without kl_target it changes nothing: beta stays TRL's and no state file is written.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        config = self.args
+        target = getattr(config, "kl_target", None)
+        horizon = getattr(config, "kl_horizon", None)
+        self.kl_controller = KLController(self.beta, target, horizon)
+        self._kl_window: list[float] = []  # TRL's kl of each micro-batch of this step
+        self._kl_completions = 0  # completions of this step, over all processes
+
+    def _compute_loss(self, model, inputs):
+        loss = super()._compute_loss(model, inputs)
+        if self.kl_controller.adaptive and self.model.training:
+            metrics = self._metrics["train"]
+            metrics["beta"].append(self.beta)  # the beta this micro-batch's loss used
+            self._kl_window.append(metrics["kl"][-1])  # appended by TRL just now
+            processes = self.accelerator.num_processes
+            self._kl_completions += inputs["completion_ids"].size(0) * processes
+            if self.accelerator.sync_gradients:
+                self._step_kl_controller()
+        return loss
+
+    def _step_kl_controller(self) -> None:
+        kl = sum(self._kl_window) / len(self._kl_window)
+        self.beta = self.kl_controller.update(kl, self._kl_completions)
+        self._kl_window, self._kl_completions = [], 0
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.kl_controller.adaptive and self.args.should_save:
+            state = self.kl_controller.state_dict()
+            write_json_atomic(Path(output_dir) / KL_STATE_FILE, state)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or not self.kl_controller.adaptive:
+            return
+        path = Path(checkpoint) / KL_STATE_FILE
+        if not path.is_file():
+            logger.warning(
+                "%s has no %s (saved without kl_target): beta starts again from %g",
+                checkpoint,
+                KL_STATE_FILE,
+                self.kl_controller.beta,
+            )
+            return
+        self.kl_controller.load_state_dict(json.loads(path.read_text()))
+        self.beta = self.kl_controller.beta

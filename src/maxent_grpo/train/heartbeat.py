@@ -1,0 +1,212 @@
+"""Heartbeats: every training process says it is alive and where it is; the launcher watches.
+
+Each rank rewrites `<output_dir>/.heartbeat/rank-<R>.json` at each phase change: trainer
+built, training begins, generation begins and ends, a step ends, a save begins and ends, an
+evaluation batch ends. The launcher (launch/watchdog.py) counts a rank as progressing while
+its file keeps changing and measures the silence with its own clock (no clock skew between
+nodes). Nothing here runs on a thread: a hung main thread stops the beats, which is the point.
+
+Also here, for the launcher's diagnosis of a hang or a crash:
+- DUMP_SIGNAL: faulthandler writes every thread's Python stack to `rank-<R>.stacks` when the
+  launcher sends it (the launcher copies the files into the train log, one rank after the
+  other: ranks dumping into one shared stderr interleave); the process goes on.
+- the exit report `rank-<R>.exit.json`: the exception that ended this process (its class
+  decides oom vs crash, launch/outcomes.py), written by sys.excepthook before it dies.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+HEARTBEAT_DIR = ".heartbeat"
+# Real-time signal: nothing else uses it (Slurm's warnings are SIGUSR1/SIGUSR2, torchrun's
+# agent handles SIGTERM, SIGINT, SIGHUP, SIGQUIT). Its default action kills: send it only to
+# processes that reported their pid in a heartbeat (they registered the handler first).
+DUMP_SIGNAL = signal.SIGRTMIN + 4
+# Phases that repeat quickly (one per evaluation batch) are written at most this often.
+_MIN_REPEAT_S = 1.0
+
+
+def heartbeat_dir(output_dir: str | os.PathLike) -> Path:
+    return Path(output_dir) / HEARTBEAT_DIR
+
+
+def _write(path: Path, payload: dict) -> None:
+    """Readers see the old or the new content, never half of one (no fsync: a beat is cheap)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+class Heartbeat:
+    """This rank's heartbeat file and exit report."""
+
+    def __init__(self, output_dir: str | os.PathLike, rank: int | None = None):
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        self.dir = heartbeat_dir(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / f"rank-{self.rank}.json"
+        self.count = 0
+        self.phase = ""
+        self.written = 0.0
+        self.step_began = time.monotonic()
+        self.last_step_s: float | None = None
+        self.slowest_step_s = 0.0
+
+    def beat(self, phase: str, step: int | None = None) -> None:
+        now = time.monotonic()
+        if phase == self.phase and phase == "evaluate" and now - self.written < _MIN_REPEAT_S:
+            return
+        self.count += 1
+        self.phase, self.written = phase, now
+        payload = {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "phase": phase,
+            "step": step,
+            "count": self.count,
+            "time": round(time.time(), 3),
+            "step_s": self.last_step_s,
+            "slowest_step_s": self.slowest_step_s,
+        }
+        try:
+            _write(self.path, payload)
+        except OSError:
+            pass  # a full or vanished disk must not stop training; the launcher will notice
+
+    def step_done(self, step: int) -> None:
+        now = time.monotonic()
+        self.last_step_s = round(now - self.step_began, 3)
+        self.slowest_step_s = max(self.slowest_step_s, self.last_step_s)
+        self.step_began = now
+        self.beat("step_end", step)
+
+    def report_exit(self, exc: BaseException) -> None:
+        """Write why this process ends: the launcher classifies the attempt from it."""
+        payload = {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "kind": exit_kind(exc),
+            "type": type(exc).__name__,
+            "message": " ".join(str(exc).split())[:500],
+            "time": round(time.time(), 3),
+        }
+        try:
+            _write(self.dir / f"rank-{self.rank}.exit.json", payload)
+        except OSError:
+            pass
+
+
+def exit_kind(exc: BaseException) -> str:
+    """oom | user_error | error, from an exception's class (and its causes)."""
+    from maxent_grpo.errors import UserError
+
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, UserError):
+            return "user_error"
+        if _is_oom(seen):
+            return "oom"
+        seen = seen.__cause__ or seen.__context__
+    return "error"
+
+
+def _is_oom(exc: BaseException) -> bool:
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    if oom is not None and isinstance(exc, oom):
+        return True
+    return isinstance(exc, MemoryError)
+
+
+def stacks_path(output_dir: str | os.PathLike, rank: int) -> Path:
+    """Where rank `rank` writes its stacks on DUMP_SIGNAL."""
+    return heartbeat_dir(output_dir) / f"rank-{rank}.stacks"
+
+
+def _install_dump_and_excepthook(heartbeat: Heartbeat) -> None:
+    # Kept open for the life of the process: faulthandler writes to its file descriptor.
+    stacks = open(heartbeat.dir / f"rank-{heartbeat.rank}.stacks", "a")  # noqa: SIM115
+    faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=False)
+    previous = sys.excepthook
+
+    def excepthook(kind, exc, tb):
+        heartbeat.report_exit(exc)
+        previous(kind, exc, tb)
+
+    sys.excepthook = excepthook
+
+
+def attach_heartbeat(trainer) -> Heartbeat:
+    """Beat from the trainer's callbacks and around its generation; register DUMP_SIGNAL and
+    the exit report. Call once per process, after the trainer is built."""
+    from transformers import TrainerCallback
+
+    heartbeat = Heartbeat(trainer.args.output_dir)
+    _install_dump_and_excepthook(heartbeat)
+
+    class Beats(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            heartbeat.step_began = time.monotonic()
+            heartbeat.beat("train_begin", state.global_step)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            heartbeat.step_done(state.global_step)
+
+        def on_save(self, args, state, control, **kwargs):
+            heartbeat.beat("saved", state.global_step)
+
+        def on_prediction_step(self, args, state, control, **kwargs):
+            heartbeat.beat("evaluate", state.global_step)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            heartbeat.beat("train_end", state.global_step)
+
+    trainer.add_callback(Beats())
+    _wrap(trainer, "_generate", heartbeat, "generate")
+    _wrap(trainer, "_save_checkpoint", heartbeat, "save")
+    heartbeat.beat("built", trainer.state.global_step)
+    return heartbeat
+
+
+def _wrap(trainer, name: str, heartbeat: Heartbeat, phase: str) -> None:
+    """Beat `<phase>` before and `<phase>_done` after the trainer's method `name` (an
+    instance attribute: the trainer's class, whichever method it is, stays as it is)."""
+    method = getattr(trainer, name, None)
+    if method is None:
+        return
+
+    def wrapped(*args, **kwargs):
+        heartbeat.beat(phase, trainer.state.global_step)
+        result = method(*args, **kwargs)
+        heartbeat.beat(f"{phase}_done", trainer.state.global_step)
+        return result
+
+    setattr(trainer, name, wrapped)
+
+
+def clear_heartbeats(output_dir: str | os.PathLike) -> None:
+    """Forget the previous attempt's heartbeats and exit reports (the launcher, at start)."""
+    import shutil
+
+    shutil.rmtree(heartbeat_dir(output_dir), ignore_errors=True)
+
+
+def read_exit_reports(output_dir: str | os.PathLike) -> list[dict]:
+    """The exit reports of this attempt's training processes (Heartbeat.report_exit)."""
+    reports = []
+    for path in sorted(heartbeat_dir(output_dir).glob("rank-*.exit.json")):
+        try:
+            reports.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return reports

@@ -1,0 +1,107 @@
+"""The trainer's connection to a vLLM server (`vllm_mode: server`), made at its first use.
+
+The launcher starts the server and the trainers together (launch/launcher.py): the trainers
+import, load the model and the data, build the optimizer while the server boots, and the
+main process connects at the first generation or weight sync. The connection first waits
+for /health with the recipe's `vllm_server_timeout` (launch/server.py HealthWait: a bound on
+each request and on the whole wait) and fails with one line (ServerError, a UserError) if
+the server never answers 200. TRL's own wait (VLLMClient.check_server) has no request
+timeout and retries a non-200 answer forever; after ours it succeeds at once.
+
+TRL 1.16's VLLMGeneration connects in its __init__ (`_init_vllm`, inside GRPOTrainer's
+__init__). `deferred_generation_class()` is the subclass that defers this to the first use of
+`vllm_client`; train/vllm_sync.py makes GRPOTrainer build it in server mode. GRPOTrainer's
+__init__ uses the client once, for a warning about the server's logprobs mode: a stand-in
+answers that, and the check runs for real once connected.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+logger = logging.getLogger(__name__)
+
+LOGPROBS_MODE = "processed_logprobs"  # what TRL's importance sampling correction needs
+
+
+def wait_for_server(base_url: str, timeout: float, poll: float = 1.0) -> float:
+    """Wait until base_url/health answers 200; raises ServerError after `timeout` seconds."""
+    from maxent_grpo.launch.server import HealthWait
+
+    url = f"{base_url.rstrip('/')}/health"
+    # print, not logging: shown whatever the log level (the main process only calls this)
+    print(f"Waiting for the vLLM server at {url} (vllm_server_timeout {timeout:g}s)", flush=True)
+    took = HealthWait(None, url, timeout).wait(poll)
+    print(f"vLLM server at {url} answered after {took:.1f}s of waiting", flush=True)
+    return took
+
+
+def check_logprobs_mode(client) -> None:
+    """TRL's warning (GRPOTrainer.__init__) about a server that biases its correction."""
+    mode = client.get_server_info()["model_config"]["logprobs_mode"]
+    if mode != LOGPROBS_MODE:
+        logger.warning(
+            "The vLLM server runs with `--logprobs-mode %s`, which biases the importance "
+            "sampling correction. Restart it with `--logprobs-mode %s`, or set "
+            "`vllm_importance_sampling_correction=False`.",
+            mode,
+            LOGPROBS_MODE,
+        )
+
+
+class _Unconnected:
+    """Stands for the VLLMClient until its first use connects it."""
+
+    def __init__(self, generation):
+        self._generation = generation
+
+    def get_server_info(self) -> dict:
+        # GRPOTrainer.__init__'s logprobs-mode check: it runs for real once connected.
+        self._generation.logprobs_check_due = True
+        return {"model_config": {"logprobs_mode": LOGPROBS_MODE}}
+
+    def __getattr__(self, name: str):
+        return getattr(self._generation.connect(), name)
+
+
+@functools.cache
+def deferred_generation_class():
+    """TRL's VLLMGeneration, connecting to the server at the first use (built lazily: TRL is
+    slow to import)."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    class DeferredVLLMGeneration(VLLMGeneration):
+        """Server mode: the client is made when first used (the main process only uses it)."""
+
+        _client = None
+        logprobs_check_due = False
+
+        @property
+        def vllm_client(self):
+            return self._client if self._client is not None else _Unconnected(self)
+
+        @vllm_client.setter
+        def vllm_client(self, client) -> None:  # TRL's _init_vllm assigns it
+            self._client = client
+
+        def _init_vllm(self):
+            if self.mode != "server":
+                return super()._init_vllm()
+            return None  # connect() at the first use of vllm_client
+
+        def connect(self):
+            """Wait for the server (bounded), then open the client; once."""
+            if self._client is None:
+                base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
+                wait_for_server(base_url, self.server_timeout)
+                self._open_client(base_url)
+                if self.logprobs_check_due:
+                    check_logprobs_mode(self._client)
+            return self._client
+
+        def _open_client(self, base_url: str) -> None:
+            """TRL's own connection: its client and the NCCL weight-transfer group."""
+            super()._init_vllm()
+
+    return DeferredVLLMGeneration

@@ -1,0 +1,157 @@
+"""The rules behind the failure classes and the hang watchdog, as pure functions and small
+real files (fast; the real processes are in test_failure_classes.py, test_hang_watchdog.py,
+test_graceful_stop.py and tests/slurm/test_preemption_training.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from maxent_grpo.launch.outcomes import (
+    crash_outcome,
+    from_exit_reports,
+    from_log,
+    is_permanent,
+    stop_outcome,
+)
+from maxent_grpo.launch.watchdog import (
+    AUTO_FLOOR_S,
+    AUTO_STARTUP_S,
+    STARTUP_MIN_S,
+    Watchdog,
+    limit_for,
+)
+from maxent_grpo.runs.state import Attempt, decide_state
+from maxent_grpo.runs.table import RunInfo, detail_text
+from maxent_grpo.train.heartbeat import Heartbeat, exit_kind
+
+
+def test_stop_classes_from_the_signal_and_slurms_record_of_the_job():
+    assert stop_outcome("SIGTERM received", "SIGTERM", None).kind == "stopped"  # not Slurm
+    preempted = {"JobState": "RUNNING", "PreemptTime": "2026-11-24T08:00:00"}
+    assert stop_outcome("SIGTERM received", "SIGTERM", preempted).kind == "preempted"
+    running = {"JobState": "RUNNING", "PreemptTime": "None"}
+    assert stop_outcome("SIGUSR1 received", "SIGUSR1", running).kind == "time_limit"
+    assert stop_outcome("x", "SIGTERM", {"JobState": "TIMEOUT"}).kind == "time_limit"
+    assert stop_outcome("x", "SIGTERM", {"JobState": "CANCELLED"}).kind == "stopped"
+    assert stop_outcome("x", "SIGTERM", {"JobState": "NODE_FAIL"}).kind == "node_failure"
+    assert stop_outcome("x", None, running).code == 85
+    # The end of a preemption's grace time: Slurm requeues the job itself before our SIGTERM.
+    ending = {"JobState": "COMPLETING", "Restarts": "1", "Reason": "None"}
+    requeued = stop_outcome("SIGTERM received", "SIGTERM", ending, restarts=0)
+    assert requeued.kind == "preempted" and requeued.requeued_by_slurm
+    assert stop_outcome("x", "SIGTERM", ending, restarts=1).kind == "stopped"
+
+
+def test_the_same_crash_twice_is_permanent_whatever_the_numbers():
+    first = crash_outcome("rank 1: RuntimeError: NCCL error at 0x7f00aa port 29500", None)
+    assert first.kind == "crash" and not is_permanent(first) and first.code == 1
+    previous = {"outcome": "crash", "reason": first.reason}
+    again = crash_outcome("rank 0: RuntimeError: NCCL error at 0x7f11bb port 29512", previous)
+    assert is_permanent(again) and again.reason.startswith("the same error twice: ")
+    repeated = {"outcome": "crash", "reason": again.reason}
+    third = crash_outcome(again.reason.removeprefix("the same error twice: "), repeated)
+    assert is_permanent(third)  # still the same error: still permanent
+    other = crash_outcome("rank 0: ValueError: bad data", previous)
+    assert not is_permanent(other)
+
+
+def test_classes_from_exit_reports_and_log_lines():
+    oom = {"rank": 1, "kind": "oom", "type": "OutOfMemoryError", "message": "CUDA", "time": 2}
+    crash = {"rank": 0, "kind": "error", "type": "RuntimeError", "message": "gloo", "time": 3}
+    found = from_exit_reports([crash, oom], None)  # the earliest report is the cause
+    assert found.kind == "oom" and "rank 1" in found.reason and is_permanent(found)
+    assert from_exit_reports([], None) is None
+    tail = "step 3\nsrun: error: Node failure on node-2\nexitcode: 1"
+    found = from_log(tail, 1, None)
+    assert (found.kind, found.reason) == ("node_failure", "srun: error: Node failure on node-2")
+    assert from_log("error: r.yaml: key 'lr': bad", 2, None).kind == "user_error"
+    line = "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert from_log(f"Traceback\n{line}\n", 1, None).kind == "oom"
+    crashed = from_log("Traceback (most recent call last):\nKeyError: 'x'\n", 1, None)
+    assert (crashed.kind, crashed.reason) == ("crash", "KeyError: 'x'")
+    assert from_log("", -9, None).reason == "training killed by signal 9"
+
+
+def test_exit_kind_follows_the_cause_chain():
+    import torch
+
+    from maxent_grpo.errors import UserError
+
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        except torch.OutOfMemoryError as exc:
+            raise RuntimeError("step failed") from exc
+    except RuntimeError as exc:
+        assert exit_kind(exc) == "oom"
+    assert exit_kind(UserError("x")) == "user_error"
+    assert exit_kind(ValueError("x")) == "error"
+
+
+def test_hang_limits():
+    assert limit_for(60, "step_end", 500.0) == 60  # explicit: every phase after the first beat
+    assert limit_for(60, None, 0.0) == STARTUP_MIN_S  # a process still importing
+    assert limit_for(None, None, 0.0) == AUTO_STARTUP_S
+    assert limit_for(None, "saved", 10.0) == AUTO_STARTUP_S  # a big checkpoint takes long
+    assert limit_for(None, "generate", 1.0) == AUTO_FLOOR_S  # the CPU smoke never trips it
+    assert limit_for(None, "step_end", 300.0) == 1500.0  # 5 x the slowest step
+
+
+def test_watchdog_names_the_rank_that_stopped_beating(tmp_path):
+    beats = [Heartbeat(tmp_path, rank) for rank in range(2)]
+    for beat in beats:
+        beat.beat("train_begin", 0)
+    watchdog = Watchdog(tmp_path / ".heartbeat", 2, timeout=0.6)
+    for step in range(1, 4):  # both ranks progress
+        for beat in beats:
+            beat.step_done(step)
+        assert watchdog.poll() is None
+        time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    hang = None
+    while hang is None and time.monotonic() < deadline:
+        beats[0].step_done(9)  # rank 0 goes on, rank 1 is silent
+        hang = watchdog.poll()
+        time.sleep(0.1)
+    assert hang is not None and hang.reason.startswith("no progress from rank 1 for ")
+    assert f"pid {os.getpid()}" in hang.reason and not hang.server
+    assert sorted(hang.beats) == [0, 1]
+    data = json.loads((tmp_path / ".heartbeat" / "rank-1.json").read_text())
+    assert data["phase"] == "step_end" and data["step"] == 3 and data["slowest_step_s"] > 0
+
+
+def test_a_server_that_does_not_answer_is_a_hang(tmp_path):
+    # Nothing listens on this port: /health never answers.
+    watchdog = Watchdog(tmp_path, 0, timeout=0.5, health_url="http://127.0.0.1:9/health")
+    time.sleep(0.7)
+    hang = watchdog.poll()
+    assert hang is not None and hang.server
+    assert hang.reason.startswith("the vLLM server did not answer http://127.0.0.1:9/health")
+
+
+def test_runs_shows_class_reason_and_attempts_per_class():
+    requeued = {"outcome": "hang", "reason": "no progress from rank 1", "requeue": "7"}
+    state, detail = decide_state(
+        marker=False,
+        attempt=Attempt({"event": "attempt_start"}, [{"event": "outcome", **requeued}]),
+        live=None,
+        age=1.0,
+        active_within=60,
+        stop_requested=False,
+    )
+    assert (state, detail) == ("requeued", "hang: no progress from rank 1; requeueing 7")
+    preempted = {"outcome": "preempted", "reason": "SIGTERM received", "requeue": None}
+    state, detail = decide_state(
+        marker=False,
+        attempt=Attempt({"event": "attempt_start"}, [{"event": "outcome", **preempted}]),
+        live=None,
+        age=1.0,
+        active_within=60,
+        stop_requested=False,
+    )
+    assert (state, detail) == ("stopped", "SIGTERM received")
+    run = RunInfo(run="r", reason=detail, outcome="preempted", attempts=3)
+    run.outcomes = {"preempted": 2, "hang": 1}
+    assert detail_text(run) == "preempted: SIGTERM received (attempts: 2 preempted, 1 hang)"

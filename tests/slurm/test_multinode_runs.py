@@ -1,0 +1,234 @@
+"""Our own entry points on the 3-node test cluster: a vLLM CPU server on one node with training
+on the two others, and the time-limit signal of a 2-node training job (checkpoint, requeue,
+resume). Needs vLLM's CPU build in this venv (`make test-multinode` installs it)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_multinode import _recipe, processes_on
+from test_training_slurm import elapsed_s, sbatch_training, slurm_out, train_logs, wait_for
+
+from helpers.recipes import SMOKE_VLLM
+from helpers.runs import REPO
+
+pytestmark = pytest.mark.multinode
+
+MAXENT_GRPO = str(Path(sys.executable).parent / "maxent-grpo")
+SLOW = "tests.helpers.slow_rewards:slow_digit_fraction"  # 0.2 s a step: a preemption lands mid-run
+
+
+def _small(folder: Path, tiny_model: Path, base: Path | None = None, **keys) -> Path:
+    """test_multinode's small recipe, or `base` with its model, output, data size and threads;
+    then `keys`."""
+    path = _recipe(folder, tiny_model)
+    data = yaml.safe_load(path.read_text())
+    if base is not None:
+        kept = ("model_name_or_path", "output_dir", "dataset_num_rows", "env")
+        data = {**yaml.safe_load(base.read_text()), **{key: data[key] for key in kept}}
+    path.write_text(yaml.safe_dump({**data, **keys}))
+    return path
+
+
+def _events(out: Path) -> list[dict]:
+    lines = (out / "events.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _ours_left(cluster, *markers: str) -> dict[str, list[str]]:
+    """Processes whose command line holds one of `markers`, still running, per node."""
+    left = {
+        node: [cmd for cmd in processes_on(cluster, node) if any(m in cmd for m in markers)]
+        for node in cluster.nodes
+    }
+    return {node: cmds for node, cmds in left.items() if cmds}
+
+
+def test_three_nodes_vllm_server_on_the_first_trains_on_the_others(
+    multinode_cluster, tmp_path, tiny_model
+):
+    cluster = multinode_cluster
+    recipe = _small(tmp_path, tiny_model, SMOKE_VLLM, max_steps=4, save_steps=2)
+    t0 = time.monotonic()
+    job = sbatch_training(cluster, tmp_path, recipe, "--nodes=3")
+    state = cluster.wait(job, timeout=600)
+    cluster.timings["3 nodes, vLLM CPU server + 2 trainers, 4 steps: job time (s)"] = (
+        time.monotonic() - t0
+    )
+    out = slurm_out(tmp_path)
+    logs = "\n".join(p.read_text(errors="replace") for p in sorted((tmp_path / "logs").glob("*")))
+    assert state == "COMPLETED", out[-4000:] + logs[-4000:]
+
+    first, *training = cluster.job_nodes(job)
+    assert f"vllm server: node {first}, CPU" in out, out[-3000:]
+    assert f"training: 2 processes on 2 machine(s) {','.join(training)}," in out, out[-3000:]
+    assert re.search(r"vLLM server healthy after [\d.]+s", out)
+    history = yaml.safe_load((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
+    steps = {e["step"]: e for e in history if "loss" in e}
+    assert sorted(steps) == [1, 2, 3, 4]
+    # Every step generated on node 0's server with the weights of the step before (disk sync).
+    assert all(steps[s]["vllm/weight_sync_seconds"] > 0 for s in steps)
+    assert (tmp_path / "out" / "maxent_grpo_training_complete.json").is_file()
+    # Nothing of the run is left on any node: no launcher, trainer or server (vLLM's engine
+    # process is titled VLLM::EngineCore).
+    left = _ours_left(cluster, str(recipe), "vllm", "VLLM")
+    assert not left, left
+
+
+def test_time_limit_signal_on_two_nodes_checkpoints_every_rank_and_resumes(
+    multinode_cluster, tmp_path, tiny_model
+):
+    cluster = multinode_cluster
+    steps = 300
+    recipe = _small(tmp_path, tiny_model, max_steps=steps)
+    job = sbatch_training(
+        cluster, tmp_path, recipe, "--nodes=2", "--time=10", "--signal=B:USR1@100", "--requeue"
+    )
+    # As on one node (test_training_slurm): shorten the limit once training runs, so that the
+    # signal comes mid-training, then give the second attempt room to finish.
+    wait_for(
+        lambda: "'loss'" in "".join(p.read_text(errors="replace") for p in train_logs(tmp_path)),
+        240,
+        "training",
+    )
+    (record,) = cluster.job_records(job)
+    update = cluster.run(
+        ["scontrol", "update", f"JobId={job}", f"TimeLimit={elapsed_s(record) // 60 + 2}"]
+    )
+    assert update.returncode == 0, update.stderr
+    wait_for(lambda: "requeueing " in slurm_out(tmp_path), 150, "the first attempt to requeue")
+    cluster.run(["scontrol", "update", f"JobId={job}", "TimeLimit=15"])
+    assert cluster.wait(job, timeout=600) == "COMPLETED", slurm_out(tmp_path)[-4000:]
+
+    logs = train_logs(tmp_path)
+    assert len(logs) == 2, logs
+    first, second = (p.read_text(errors="replace") for p in logs)
+    stopped = re.search(r"Stopped on request after step (\d+); saved (\S+)", first)
+    assert stopped, first[-3000:]
+    step, checkpoint = int(stopped.group(1)), Path(stopped.group(2))
+    assert 0 < step < steps and checkpoint.name == f"checkpoint-{step}"
+    # Both ranks, one per node, wrote their part of that checkpoint (their RNG states).
+    assert (checkpoint / "rng_state_0.pth").is_file() and (checkpoint / "rng_state_1.pth").is_file()
+    # 0 completed steps lost: the first attempt logged no step past its checkpoint, and the
+    # second resumed right after it and logged every step to the end.
+    assert f"Resuming from {checkpoint}" in second
+    attempts: list[list[int]] = []
+    log = _events(tmp_path / "out")
+    for event in log:
+        if event["event"] == "attempt_start":
+            attempts.append([])
+        elif event["event"] == "step":
+            attempts[-1].append(event["step"])
+    assert len(attempts) == 2 and max(attempts[0]) == step, attempts
+    signalled = next(e["time"] for e in log if e["event"] == "stop_request")
+    resumed = next(e["time"] for e in log if e["event"] == "step" and e["step"] == step + 1)
+    cluster.timings["2-node time limit: completed steps lost"] = max(attempts[0]) - step
+    cluster.timings["2-node time limit: signal to first resumed step (s)"] = resumed - signalled
+    # (the end-of-training summary is one more log of the last step)
+    assert sorted(set(attempts[1])) == list(range(step + 1, steps + 1)), attempts[1]
+    assert (tmp_path / "out" / "maxent_grpo_training_complete.json").is_file()
+    left = _ours_left(cluster, str(recipe))
+    assert not left, left
+
+
+def test_a_killed_training_node_fails_the_attempt_in_bounded_time_and_it_resumes_elsewhere(
+    multinode_cluster, tmp_path, tiny_model
+):
+    cluster = multinode_cluster
+    out = tmp_path / "out"
+    recipe = _small(tmp_path, tiny_model, max_steps=60, save_steps=10)
+    job = sbatch_training(cluster, tmp_path, recipe, "--nodes=2", "--requeue")
+    try:
+        wait_for(
+            lambda: list(out.glob("checkpoint-*/maxent_grpo_complete.json")),
+            240,
+            "a complete checkpoint",
+        )
+        # The second node runs a trainer only (the launcher is on the first): its crash must not
+        # leave the first node's trainer waiting in a collective until the time limit.
+        victim = cluster.job_nodes(job)[1]
+        t0 = time.monotonic()
+        crashed = cluster.cluster("kill-node", victim, timeout=60)
+        assert crashed.returncode == 0, crashed.stderr
+        outcome = wait_for(
+            lambda: next((e for e in _events(out) if e["event"] == "outcome"), None),
+            180,
+            "the first attempt's outcome",
+        )
+        cluster.timings["killed training node: attempt ended after (s)"] = time.monotonic() - t0
+        # The reason is srun's line naming the node, not the SIGTERM Slurm ended the job with.
+        assert outcome["outcome"] == "node_failure" and victim in outcome["reason"], outcome
+        assert cluster.wait(job, timeout=600) == "COMPLETED", slurm_out(tmp_path)[-4000:]
+        cluster.timings["killed training node: job completed after (s)"] = time.monotonic() - t0
+        assert victim not in cluster.job_nodes(job)
+    finally:
+        cluster.cancel(job)
+        restarted = cluster.cluster("start", "--nodes", str(len(cluster.nodes)), timeout=300)
+    assert restarted.returncode == 0, restarted.stderr
+
+    logs = train_logs(tmp_path)
+    assert len(logs) == 2, logs
+    assert f"Resuming from {out}/checkpoint-" in logs[1].read_text(errors="replace")
+    assert (out / "maxent_grpo_training_complete.json").is_file()
+
+
+def test_submit_on_two_nodes_runs_one_launcher_and_survives_preemption(
+    multinode_cluster, tmp_path, tiny_model
+):
+    """`maxent-grpo submit --nodes 2`: one launcher (submitit without srun) which trains
+    across both nodes; a higher-priority job preempts it (SIGTERM everywhere, GraceTime 30 s,
+    Slurm requeues it) and the next attempt resumes where the checkpoint left off."""
+    cluster = multinode_cluster
+    out = tmp_path / "out"
+    recipe = _small(tmp_path, tiny_model, max_steps=40, reward_funcs=[SLOW], reward_weights=None)
+    submit = subprocess.run(
+        [
+            *(MAXENT_GRPO, "submit", "--config", str(recipe), "--nodes", "2", "--gpus", "0"),
+            *("--cpus-per-task", "20", "--folder", str(tmp_path / "submitit")),
+            *("--logs-dir", str(tmp_path / "logs")),
+        ],
+        cwd=REPO,
+        env={**cluster.env, "SLOW_REWARD_AFTER_STEP": "0", "SLOW_REWARD_S": "0.2"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert submit.returncode == 0, submit.stderr
+    job = re.search(r"submitted job (\d+)", submit.stdout).group(1)
+    wait_for(lambda: _steps(out) >= 5, 240, "training to reach step 5")
+    assert len(cluster.job_nodes(job)) == 2
+    # 20 CPUs on 2 nodes: only the third node has them free, so our job is preempted.
+    high = cluster.submit(
+        ["-p", "high", "--nodes=2", "--cpus-per-task=20", "-o", str(tmp_path / "high.out")]
+        + ["--wrap", "sleep 2"],
+        tmp_path,
+    )
+    assert cluster.wait(high, timeout=150) == "COMPLETED"
+    assert cluster.wait(job, timeout=600) == "COMPLETED"
+
+    log = _events(out)
+    starts = [e for e in log if e["event"] == "attempt_start"]
+    plans = [e for e in log if e["event"] == "plan"]
+    outcomes = [e["outcome"] for e in log if e["event"] == "outcome"]
+    # One launcher per attempt (no duplicate from a second task), each training on 2 nodes.
+    assert len(starts) == 2 and [p["train_processes"] for p in plans] == [2, 2], plans
+    assert all(len(p["nodes"]) == 2 for p in plans), plans
+    assert outcomes == ["preempted", "completed"], outcomes
+    saved = next(e["step"] for e in log if e["event"] == "outcome")
+    resumed = [e["step"] for e in log if e["event"] == "step" and e["time"] > starts[1]["time"]]
+    assert resumed[0] == saved + 1, (saved, resumed[:3])
+    assert (out / "maxent_grpo_training_complete.json").is_file()
+
+
+def _steps(out: Path) -> int:
+    try:
+        return max((e["step"] for e in _events(out) if e["event"] == "step"), default=0)
+    except OSError:
+        return 0

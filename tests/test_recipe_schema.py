@@ -1,0 +1,113 @@
+"""The committed key schema (recipe/schema.json) against the dataclasses, and the launcher's
+TRL-free reader against TRL's own parser on every recipe."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from maxent_grpo.errors import ConfigError
+from maxent_grpo.methods import METHODS
+from maxent_grpo.recipe import read_recipe, schema
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted(
+    p for p in (ROOT / "recipes").rglob("*.yaml") if "accelerate_configs" not in p.parts
+)
+# Flags over each recipe: bool spellings, nargs lists, choices, converters, None sentinels.
+OVERRIDES = [
+    [],
+    ["--max_steps", "7", "--learning_rate", "3e-6"],
+    ["--bf16", "false", "--no_gradient_checkpointing", "--use_vllm", "--log_on_each_node", "no"],
+    ["--reward_funcs", "accuracy", "format", "--reward_weights", "1", "0.5"],
+    ["--vllm_mode", "server", "--scale_rewards", "false", "--lr_scheduler_type", "cosine"],
+    ["--max_grad_norm", "inf", "--overlong_max_length", "none", "--report-to", "none"],
+    ["--eval_strategy", "steps", "--debug", "underflow_overflow", "--seed=3"],
+]
+BAD_OVERRIDES = [
+    ["--max_step", "3"],
+    ["--vllm_mode", "remote"],
+    ["--scale_rewards", "maybe"],
+    ["--bf16", "perhaps"],
+    ["--debug", "nope"],
+    ["--learning_rate", "fast"],
+]
+
+
+def reference_parser(method: str):
+    """TRL's own parser of the method's sections (what the trainers parsed before the schema)."""
+    return schema.trl_parser(METHODS[method].sections())
+
+
+def same(a, b) -> bool:
+    """Equal and of one type (a str enum of TRL's equals its value, which we read)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a):
+        return math.isnan(b)
+    return a == b and (type(a) is type(b) or isinstance(a, str))
+
+
+def test_committed_schema_is_current():
+    fresh = schema.render(schema.generate())
+    assert schema.SCHEMA_PATH.read_text() == fresh, (
+        f"{schema.SCHEMA_PATH.name} is out of date (recipe/keys.py, maxent/config.py or TRL "
+        f"changed); run: {schema.WRITE_COMMAND}"
+    )
+
+
+def test_json_round_trip_of_odd_values():
+    values = [float("inf"), -float("inf"), (1, "a"), {"x": (2.5,)}, [None, True], 3, "s"]
+    for value in values:
+        assert schema.decode(json.loads(json.dumps(schema.encode(value)))) == value
+    nan = schema.decode(json.loads(json.dumps(schema.encode(float("nan")))))
+    assert math.isnan(nan)
+    with pytest.raises(TypeError):
+        schema.encode(object())
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("flags", OVERRIDES, ids=lambda f: " ".join(f) or "no flags")
+def test_schema_reader_matches_trl_parser(recipe, flags):
+    argv = ["--config", str(recipe), *flags]
+    ours = read_recipe(argv)
+    reference = read_recipe(argv, parser_for=reference_parser)
+    assert ours.method == reference.method and ours.env == reference.env
+    assert set(ours.values) == set(reference.values)
+    different = {
+        k: (ours.values[k], reference.values[k])
+        for k in ours.values
+        if not same(ours.values[k], reference.values[k])
+    }
+    assert not different
+
+
+@pytest.mark.parametrize("flags", BAD_OVERRIDES, ids=" ".join)
+def test_schema_reader_refuses_what_trl_parser_refuses(flags):
+    argv = ["--config", str(ROOT / "recipes/smoke/config_grpo.yaml"), *flags]
+    with pytest.raises(ConfigError) as ours:
+        read_recipe(argv)
+    with pytest.raises(ConfigError) as reference:
+        read_recipe(argv, parser_for=reference_parser)
+    assert str(ours.value) == str(reference.value)
+
+
+def test_launcher_imports_no_training_stack(tmp_path):
+    """prepare() (plan, sbatch, submit, every attempt) reads, checks and plans without TRL."""
+    code = f"""
+import sys
+from pathlib import Path
+from maxent_grpo.launch.launcher import RunRequest, prepare
+request = RunRequest(recipe={str(ROOT / "recipes/smoke/config_grpo.yaml")!r},
+                     overrides=("--output_dir", {str(tmp_path / "out")!r}))
+print(prepare(request, packages=True).describe())
+heavy = sorted({{"torch", "trl", "transformers", "datasets", "peft"}} & set(sys.modules))
+assert not heavy, heavy
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-3000:]

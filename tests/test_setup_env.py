@@ -1,0 +1,102 @@
+"""scripts/setup_env.sh installs what a recipe needs, for real, into a fresh venv under tmp.
+
+One venv for the module (about a minute): the recipe's extras are installed by pip (peft,
+deepspeed), a second call with nothing new is a no-op, and on a GPU node (a fake nvidia-smi)
+a CPU build of torch is refused in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.recipes import SMOKE
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[1]
+QWEN = REPO / "recipes" / "Qwen2.5-1.5B-Instruct" / "grpo" / "config_math.yaml"
+
+
+def setup_env(venv: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "MAXENT_GRPO_VENV": str(venv), **env}
+    environ.pop("MAXENT_GRPO_EXTRAS", None)
+    return subprocess.run(
+        ["bash", "scripts/setup_env.sh", *args],
+        cwd=REPO,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def stamp(venv: Path) -> list[str]:
+    return (venv / ".maxent-grpo-stamp").read_text().splitlines()[1:]
+
+
+def has(venv: Path, module: str) -> bool:
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([str(venv / "bin" / "python"), "-c", code]).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> Path:
+    """A fresh venv for the smoke recipe with `-- --use_peft true` (training.sh's arguments)."""
+    venv = tmp_path_factory.mktemp("setup") / "venv"
+    result = setup_env(venv, str(SMOKE), "--", "--use_peft", "true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == f"{venv}/bin"
+    return venv
+
+
+def test_fresh_venv_gets_the_recipes_extra_and_nothing_else(venv):
+    assert stamp(venv) == ["peft"]
+    assert has(venv, "peft") and has(venv, "maxent_grpo") and has(venv, "trl")
+    assert not has(venv, "deepspeed") and not has(venv, "vllm")
+
+
+def test_second_call_with_nothing_new_is_a_no_op(venv):
+    start = time.monotonic()
+    result = setup_env(venv, str(SMOKE), "--", "--use_peft", "true")
+    took = time.monotonic() - start
+    print(f"setup_env.sh, nothing to do: {took:.2f}s")
+    assert result.returncode == 0 and result.stdout.strip() == f"{venv}/bin"
+    assert "Setting up" not in result.stderr
+    assert took < 5
+
+
+def test_deepspeed_recipe_adds_deepspeed_but_not_vllm_on_a_cpu_node(venv):
+    # training.sh passes RECIPE then its arguments: a --config there names the recipe.
+    result = setup_env(venv, str(SMOKE), "--config", str(QWEN))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert stamp(venv) == ["deepspeed", "peft"]  # kept peft, added deepspeed
+    assert has(venv, "deepspeed") and not has(venv, "vllm")
+
+
+@pytest.mark.skipif(
+    not list(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl")),
+    reason="needs pip to find only a CPU torch offline (this project's machines: /opt/wheels)",
+)
+def test_gpu_node_refuses_a_cpu_torch_in_one_line(venv, tmp_path):
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"\n')
+    fake.chmod(0o755)
+    before = stamp(venv)
+    result = setup_env(
+        venv,
+        str(SMOKE),
+        PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
+        # No network here: the local index and find-links hold only the CPU wheel.
+        MAXENT_GRPO_TORCH_INDEX="file:///opt/pypi/simple",
+    )
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1
+    assert "GPU node (nvidia-smi) but pip installed torch 2.13.0+cpu" in errors[0]
+    assert "MAXENT_GRPO_TORCH_INDEX" in errors[0]
+    assert stamp(venv) == before  # nothing recorded as installed
