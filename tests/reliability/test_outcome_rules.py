@@ -122,6 +122,15 @@ def test_watchdog_names_the_rank_that_stopped_beating(tmp_path):
     assert data["phase"] == "step_end" and data["step"] == 3 and data["slowest_step_s"] > 0
 
 
+def test_a_shorter_beat_overwrites_a_longer_one_whole(tmp_path):
+    # Beats rewrite the file in place (no rename): what is left must still be one JSON object.
+    beat = Heartbeat(tmp_path, 0)
+    beat.beat("x" * 700, 10**12)  # longer than the padding width
+    beat.beat("built", 1)
+    data = json.loads((tmp_path / ".heartbeat" / "rank-0.json").read_text())
+    assert (data["phase"], data["step"], data["count"]) == ("built", 1, 2)
+
+
 def test_a_server_that_does_not_answer_is_a_hang(tmp_path):
     # Nothing listens on this port: /health never answers.
     watchdog = Watchdog(tmp_path, 0, timeout=0.5, health_url="http://127.0.0.1:9/health")

@@ -40,7 +40,7 @@ def test_healthy_rewards_pass_through_unchanged():
         log_metric=metrics.__setitem__,
     )
     assert scores == [1.0, 0.0]
-    assert metrics == {"rewards/answer_match/failures": 0.0}
+    assert metrics == {}  # no failure, no metric: TRL would gather a zero across processes
 
 
 @pytest.mark.integration
@@ -58,6 +58,7 @@ def test_training_survives_a_reward_that_raises(tmp_path, tiny_model):
     result = run([PYTHON, str(REPO / "src" / "grpo.py"), "--config", str(recipe)])
     assert result.returncode == 0, result.stderr[-3000:]
     logs = step_logs(tmp_path / "out")
-    failures = [float(log["rewards/raises_on_odd/failures"]) for log in logs.values()]
+    failures = [float(log.get("rewards/raises_on_odd/failures", 0)) for log in logs.values()]
     assert len(failures) == 6 and sum(failures) > 0
+    assert all("rewards/answer_match/failures" not in log for log in logs.values())
     assert "scored None (ValueError: cannot score odd answers)" in (result.stdout + result.stderr)

@@ -58,7 +58,10 @@ class GuardedReward:
             )
             scores, failures = self._per_sample(completions, kwargs)
         log_metric = kwargs.get("log_metric")
-        if callable(log_metric):
+        # Logged only when a sample failed: TRL averages every logged metric across processes
+        # with one collective per metric and step (with 2 CPU processes and 3 rewards, 3 extra
+        # gathers, a few ms a step); a metric no process logs costs nothing.
+        if failures and callable(log_metric):
             log_metric(f"rewards/{self.__name__}/failures", float(failures))
         return scores
 
