@@ -101,8 +101,8 @@ class ScriptArguments:
         metadata={
             "help": "Time limit of one reward call. A reward function that raises or runs past it "
             "is retried sample by sample; samples that still fail score None (skipped by TRL), "
-            "are logged and counted in rewards/<name>/failures (logged on the steps with failures). "
-            "0 disables the limit."
+            "are logged and counted in rewards/<name>/failures (on the steps with failures). 0 "
+            "disables the limit."
         },
     )
     repetition_n_grams: int = field(

@@ -35,7 +35,12 @@ from maxent_grpo.train.checkpoints import (
     run_is_complete,
 )
 from maxent_grpo.train.heartbeat import attach_heartbeat
-from maxent_grpo.train.wandb_run import export_wandb_run, make_wandb_step_callback, uses_wandb
+from maxent_grpo.train.wandb_run import (
+    export_wandb_run,
+    keep_wandb_out_unless_reported,
+    make_wandb_step_callback,
+    uses_wandb,
+)
 
 
 class StoppedForRequeue(Exception):
@@ -300,12 +305,14 @@ def cli_main(argv: list[str], method: str | None = None) -> int:
     method: the entry script's (src/grpo.py: grpo), `--method`, or None for the recipe's.
     """
     from maxent_grpo.methods import METHODS
-    from maxent_grpo.recipe import parse_recipe
+    from maxent_grpo.recipe import build_recipe, read_recipe
     from maxent_grpo.recipe.checks import check_recipe
 
     world_size = world_size_from(os.environ)
     try:
-        recipe = parse_recipe(argv, method, world_size)
+        keys = read_recipe(argv, method)  # no TRL yet
+        keep_wandb_out_unless_reported(keys.report_to)
+        recipe = build_recipe(keys, world_size)
         # This process starts the run's work: the recipe's env: block applies from here on
         # (under the launcher it is already in the environment, with the same values).
         os.environ.update(recipe.env)

@@ -33,9 +33,24 @@ STEP_FILE = "wandb_step"
 
 
 def uses_wandb(training_args) -> bool:
-    report_to = training_args.report_to or []
+    return reports_to_wandb(training_args.report_to)
+
+
+def reports_to_wandb(report_to) -> bool:
+    """Whether a `report_to` value (a name, a list of names, None) includes W&B."""
+    report_to = report_to or []
     report_to = [report_to] if isinstance(report_to, str) else report_to
     return "wandb" in report_to or "all" in report_to
+
+
+def keep_wandb_out_unless_reported(report_to) -> None:
+    """Make wandb absent for this process when the run does not report to it; call before TRL
+    is imported. transformers' is_wandb_available() imports wandb whenever it is installed,
+    and TRL asks at import: 0.5 s of every trainer start, at every requeue, for nothing. A None
+    in sys.modules is Python's own mark of an absent module: find_spec answers None, and an
+    `import wandb` (a custom reward's, say) raises ModuleNotFoundError naming it."""
+    if not reports_to_wandb(report_to):
+        sys.modules.setdefault("wandb", None)
 
 
 def persistent_run_id(output_dir: str | os.PathLike) -> str:
