@@ -5,7 +5,7 @@ python src/maxent-grpo.py --config recipes/<model>/maxent-grpo/config_<task>.yam
 
 import sys
 
-from maxent_grpo.train.entry import cli_main
+from maxent_grpo.train.entry import cli_main, exit_process
 
 if __name__ == "__main__":
-    sys.exit(cli_main(sys.argv[1:], method="maxent"))
+    exit_process(cli_main(sys.argv[1:], method="maxent"))

@@ -121,6 +121,14 @@ class Child:
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def wait_up_to(self, seconds: float) -> int | None:
+        """The exit code once the child exits, or None after `seconds` (a poll that returns as
+        soon as it exits: a stopped attempt's requeue waits on it)."""
+        try:
+            return self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return None
+
     def wait(self) -> int:
         code = self.proc.wait()
         self._end_echo()

@@ -350,7 +350,7 @@ def watch_training(
             if crashed_at is not None and time.monotonic() - crashed_at > CRASH_GRACE_S:
                 print("a training process failed and the others did not exit: stopping them")
                 trainer.stop(grace=5)
-        time.sleep(poll)
+        trainer.wait_up_to(poll)
     return Watched(trainer.wait())
 
 

@@ -8,7 +8,7 @@ import sys
 
 from maxent_grpo.errors import EXIT_USER_ERROR, UserError
 from maxent_grpo.methods import METHODS
-from maxent_grpo.train.entry import cli_main
+from maxent_grpo.train.entry import cli_main, exit_process
 
 
 def main(argv: list[str]) -> int:
@@ -23,4 +23,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_process(main(sys.argv[1:]))
