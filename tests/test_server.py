@@ -25,13 +25,22 @@ from maxent_grpo.launch.server import (
     VLLMServer,
     launch_server,
     probe,
-    start_server,
-    wait_for_training,
 )
 from maxent_grpo.launch.watchdog import Watchdog, watch_training
 from maxent_grpo.train.heartbeat import Heartbeat
 
 PY = sys.executable
+
+
+def start_server(plan, log_path, cancelled=lambda: None) -> VLLMServer:
+    """Start a server and wait until it is healthy (stopped again when it never gets there)."""
+    server = launch_server(plan, log_path)
+    try:
+        server.wait_until_healthy(cancelled=cancelled)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -220,7 +229,7 @@ def test_server_death_during_training_stops_training(tmp_path, capsys):
     server.wait_until_healthy(poll=0.1)
     trainer = Child("train", ["sleep", "603"], Path(tmp_path / "train.log"))
     start = time.monotonic()
-    code = wait_for_training(trainer, server, poll=0.1)
+    code = watch_training(trainer, server, None, poll=0.1).code
     took = time.monotonic() - start
     out = capsys.readouterr().out
     assert code == -15 and took < 5

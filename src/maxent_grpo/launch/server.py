@@ -200,33 +200,3 @@ def launch_server(
     server = VLLMServer(plan, log_path, environ).start()
     print(f"vLLM server starting (pid {server.pid}); log: {log_path}", flush=True)
     return server
-
-
-def start_server(
-    plan: ServerPlan,
-    log_path: Path,
-    environ: Mapping[str, str] = os.environ,
-    cancelled: Callable[[], int | None] = lambda: None,
-) -> VLLMServer:
-    """Start the server and wait until it is healthy; stop it again if it never gets there.
-
-    cancelled: returns a signal number once the launcher was asked to stop (then the wait
-    ends with ServerWaitCancelled and the server is stopped).
-    """
-    server = launch_server(plan, log_path, environ)
-    try:
-        server.wait_until_healthy(cancelled=cancelled)
-    except BaseException:
-        server.stop()
-        raise
-    return server
-
-
-def wait_for_training(trainer: Child, server: VLLMServer | None, poll: float = 0.5) -> int:
-    """Wait for training to exit. If the server dies first, stop training and say why.
-
-    The launcher's loop, without the hang watchdog (launch/watchdog.py watch_training).
-    """
-    from maxent_grpo.launch.watchdog import watch_training
-
-    return watch_training(trainer, server, None, poll).code

@@ -301,10 +301,13 @@ def exit_process(code: int) -> NoReturn:
     atexit handlers still run (logging's flush, W&B's finish, a profiler's record); what is
     skipped is the teardown of torch, transformers and TRL: 1.1 s per process here, which the
     end of every attempt would wait for, a stopped attempt's requeue included. Everything
-    this process writes is closed (checkpoints fsynced) before cli_main returns.
+    this process writes is closed (checkpoints fsynced) before cli_main returns. Under a
+    profiler or a debugger (cProfile writes its file after the script), the normal exit.
     """
     import atexit
 
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)
     atexit._run_exitfuncs()  # noqa: SLF001 - the one way to run them without the teardown
     for stream in (sys.stdout, sys.stderr):
         try:
