@@ -169,6 +169,20 @@ def test_sbatch_passes_resources_through():
     )
 
 
+@pytest.fixture
+def srun_on_path(tmp_path, monkeypatch):
+    """submitit's Slurm executor refuses to exist without `srun` on PATH; these tests only
+    build its sbatch script (the real submissions are in tests/slurm/), so a stand-in that
+    is never run: make test runs before any Slurm is installed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text("#!/bin/sh\nexit 1\n")
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.usefixtures("srun_on_path")
 def test_submitit_takes_the_same_resources(tmp_path):
     resources = slurm_resources(
         resource_args(cpus_per_task=16, mem="128G", qos="high", constraint="h100", exclusive=True)
@@ -210,6 +224,7 @@ def test_training_sh_asks_for_cpus_memory_and_a_separate_err():
     assert "#SBATCH --open-mode=append" in header
 
 
+@pytest.mark.usefixtures("srun_on_path")
 def test_submit_runs_one_launcher_per_job_and_signals_its_batch_shell(tmp_path):
     options = SubmitOptions(nodes=3, gpus_per_node=8, signal_lead_s=240, folder=str(tmp_path))
     executor = make_executor(options, max_requeues=2, name="r")
