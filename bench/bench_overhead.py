@@ -23,10 +23,14 @@ ABBA over --repeats rounds, medians pooled over rounds):
 - peak RSS ratio ours/bare: peak RSS summed over the training processes.
 - accounted ratio: (bare's median step + what ours adds per step) / bare's step, with the
   additions timed inside the processes (steptimer): the stop-request callback's on_step_end
-  (a file check and an all-reduce), the reward guard around the reward functions, and the
-  extra time of our checkpoint save (fsync of every file, marker, rotation) / save_steps.
+  (a file check and an all-reduce), the reward guard around the reward functions, the
+  heartbeat writes (step end, around each generation), the step events (events.jsonl), and
+  the extra time of our checkpoint save (fsync of every file, marker, rotation) / save_steps.
   Far less exposed to other processes' load than the A/B ratios; it does not see costs
-  outside these three parts (the A/B ratios do);
+  outside these parts (the A/B ratios do). Found by profiling and removed, so no longer
+  counted: a rewritten heartbeat file cost 0.5 ms (ext4's replace-by-rename flush; now
+  rewritten in place), and a reward-failure metric logged at every step made TRL gather it
+  across processes, one collective per reward and step (now logged only on failures);
 - checkpoint save: median duration of a save, ours - bare.
 Both sides must generate exactly the same completions (checked on num_tokens).
 Target: step time ratio <= 1.03. Writes bench/results/overhead.json.
@@ -107,6 +111,11 @@ def steady(record: dict, warmup: int) -> dict:
         "save_s": rank0.get("save_s", []),
         "stop_callback_s": rank0.get("callback_s", {}).get("StopOnRequest", []),
         "guard_per_step_s": [sum(rank0.get("guard_overhead_s", [])) / steps],
+        # Every beat (step end, around each generation, saves): a per-step figure.
+        "heartbeat_per_step_s": [sum(rank0.get("heartbeat_s", [])) / steps],
+        "step_events_per_step_s": [
+            sum(rank0.get("log_callback_s", {}).get("StepEvents", [])) / steps
+        ],
         "cpu_step_s": [b[2] - a[2] for a, b in pairs],
         "peak_rss_mib": sum(record["peak_rss_kib"]) / 1024,
         "train_begin_s": rank0["train_begin"],
@@ -155,6 +164,8 @@ def compare(processes: int, repeats: int, warmup: int, recipe: Path, workdir: Pa
     added = {
         "stop_callback_s": median(pooled("ours", "stop_callback_s")) or 0.0,
         "reward_guard_s": median(pooled("ours", "guard_per_step_s")) or 0.0,
+        "heartbeats_s": median(pooled("ours", "heartbeat_per_step_s")) or 0.0,
+        "step_events_s": median(pooled("ours", "step_events_per_step_s")) or 0.0,
         "checkpoint_save_s": summary["checkpoint_save_s"]["extra"] / save_steps,
     }
     base = summary["wall_step_s"]["median"]["bare"]
@@ -220,7 +231,9 @@ def figures_for(s: dict) -> list[dict]:
             TARGET_RATIO,
             note=f"+{1e3 * acc['total_added_s']:.2f} ms on a {1e3 * acc['bare_wall_step_s']:.1f} "
             f"ms step: stop callback {1e3 * parts['stop_callback_s']:.2f} ms, reward guard "
-            f"{1e3 * parts['reward_guard_s']:.3f} ms, checkpoint save "
+            f"{1e3 * parts['reward_guard_s']:.3f} ms, heartbeats "
+            f"{1e3 * parts['heartbeats_s']:.3f} ms, step events "
+            f"{1e3 * parts['step_events_s']:.3f} ms, checkpoint save "
             f"{1e3 * parts['checkpoint_save_s']:.2f} ms per step (save_steps "
             f"{acc['save_steps']})",
         ),

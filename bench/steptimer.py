@@ -8,10 +8,11 @@ same instrumentation: every transformers Trainer built in the process gets one e
 TrainerCallback that stamps `on_step_end` (wall clock: time.monotonic; CPU time of the process,
 all threads: time.process_time) and keeps the `step_time` and
 `num_tokens` of each log. It also times, without changing what they do: every checkpoint save
-(`Trainer._save_checkpoint`, ours or HF's), the `on_step_end` of callbacks added after the
-trainer was built (ours: the stop-request callback), and the time GuardedReward spends around
-the reward function itself. At exit, each process writes $STEPTIMER_OUT/rank<RANK>.json with
-all of it and its peak RSS (getrusage ru_maxrss).
+(`Trainer._save_checkpoint`, ours or HF's), the `on_step_end` and `on_log` of callbacks added
+after the trainer was built (ours: the stop-request callback, the heartbeats, the step events),
+every heartbeat write, and the time GuardedReward spends around the reward function itself.
+At exit, each process writes $STEPTIMER_OUT/rank<RANK>.json with all of it and its peak RSS
+(getrusage ru_maxrss).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ _RECORD: dict = {
     "save_s": [],
     "callback_s": {},
     "guard_overhead_s": [],
+    "heartbeat_s": [],
+    "log_callback_s": {},
 }
 
 
@@ -82,6 +85,7 @@ def _install() -> None:
 
     transformers.Trainer.__init__ = init_with_timer
     _time_reward_guard()
+    _time_heartbeats()
 
 
 def _timed(func, sink: list):
@@ -101,13 +105,16 @@ def _time_saves(trainer) -> None:
 
 
 def _time_later_callbacks(trainer) -> None:
-    """on_step_end of callbacks added after the trainer was built (ours: the stop callback)."""
+    """on_step_end and on_log of callbacks added after the trainer was built (ours: the stop
+    callback, the heartbeats, the step events)."""
     add = trainer.add_callback
 
     def add_timed(callback):
-        if not isinstance(callback, type) and hasattr(callback, "on_step_end"):
-            sink = _RECORD["callback_s"].setdefault(type(callback).__name__, [])
-            callback.on_step_end = _timed(callback.on_step_end, sink)
+        if not isinstance(callback, type):
+            name = type(callback).__name__
+            for hook, record in (("on_step_end", "callback_s"), ("on_log", "log_callback_s")):
+                sink = _RECORD[record].setdefault(name, [])
+                setattr(callback, hook, _timed(getattr(callback, hook), sink))
         return add(callback)
 
     trainer.add_callback = add_timed
@@ -133,6 +140,15 @@ def _time_reward_guard() -> None:
             _RECORD["guard_overhead_s"].append(time.perf_counter() - start - sum(inner))
 
     GuardedReward.__call__ = timed_call
+
+
+def _time_heartbeats() -> None:
+    """Every heartbeat write (ours only: at each step end and around each generation)."""
+    try:
+        from maxent_grpo.train.heartbeat import Heartbeat
+    except ImportError:
+        return
+    Heartbeat.beat = _timed(Heartbeat.beat, _RECORD["heartbeat_s"])
 
 
 def main() -> None:
