@@ -290,10 +290,10 @@ def test_server_dying_during_start_up_stops_the_trainers_with_its_log(tmp_path, 
 
 def test_server_not_healthy_in_time_stops_the_trainers(tmp_path):
     port = free_port()
+    start = time.monotonic()  # before the launch: the server's 5 s count from it
     # 5 s: time for the stand-in to answer 503 first, even on a loaded machine.
     server = starting_server(tmp_path, [*python_command(SERVE_503), str(port)], port, timeout=5)
     trainer = Child("train", ["sleep", "606"], tmp_path / "train.log")
-    start = time.monotonic()
     with pytest.raises(ServerError, match=r"not healthy after 5s .*\(last answer HTTP 503\)"):
         watch_training(trainer, server, None, poll=0.1)
     assert 5 <= time.monotonic() - start < 12
@@ -317,10 +317,10 @@ def test_no_hang_is_called_while_the_server_starts(tmp_path, monkeypatch):
     monkeypatch.setattr(watchdog_module, "SERVER_PROBE_EVERY_S", 0.1)  # for hang_timeout 0.5
     Heartbeat(tmp_path, 0).beat("generate", 0)  # then silent: waits for the server
     port = free_port()
+    start = time.monotonic()  # before the launch: healthy_after counts from it
     server = starting_server(tmp_path, [*python_command(SERVE_200_AFTER), str(port), "2"], port)
     watchdog = Watchdog(tmp_path / ".heartbeat", 1, timeout=0.5, health_url=server.plan.health_url)
     trainer = Child("train", ["sleep", "609"], tmp_path / "train.log")
-    start = time.monotonic()
     try:
         watched = watch_training(trainer, server, watchdog, poll=0.1)
     finally:
