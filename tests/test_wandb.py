@@ -65,24 +65,6 @@ def test_export_only_with_wandb_and_user_settings_win(tmp_path):
     assert environ == mine
 
 
-@pytest.mark.parametrize(
-    ("report_to", "loaded"), [("none", False), (["tensorboard"], False), (["wandb"], True)]
-)
-def test_trl_loads_wandb_only_for_runs_that_report_to_it(report_to, loaded):
-    # A fresh interpreter, as a trainer starts: the mark must come before TRL's import.
-    code = (
-        "import sys\n"
-        "from maxent_grpo.train.wandb_run import keep_wandb_out_unless_reported\n"
-        f"keep_wandb_out_unless_reported({report_to!r})\n"
-        "import trl.trainer.grpo_trainer\n"
-        "from transformers.integrations import is_wandb_available\n"
-        "print(sys.modules.get('wandb') is not None, is_wandb_available())\n"
-    )
-    result = run([PYTHON, "-c", code])
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == [str(loaded), str(loaded)]
-
-
 @pytest.mark.integration
 def test_two_attempts_log_one_offline_run_with_continuous_steps(tmp_path, tiny_model):
     secret = f"some-fake-secret-{secrets.token_hex(8)}"

@@ -36,12 +36,8 @@ from maxent_grpo.train.checkpoints import (
     run_is_complete,
 )
 from maxent_grpo.train.heartbeat import attach_heartbeat
-from maxent_grpo.train.wandb_run import (
-    export_wandb_run,
-    keep_wandb_out_unless_reported,
-    make_wandb_step_callback,
-    uses_wandb,
-)
+from maxent_grpo.train.unused_libraries import mark_unused_libraries_absent
+from maxent_grpo.train.wandb_run import export_wandb_run, make_wandb_step_callback, uses_wandb
 
 
 class StoppedForRequeue(Exception):
@@ -334,7 +330,7 @@ def cli_main(argv: list[str], method: str | None = None) -> int:
     world_size = world_size_from(os.environ)
     try:
         keys = read_recipe(argv, method)  # no TRL yet
-        keep_wandb_out_unless_reported(keys.report_to)
+        mark_unused_libraries_absent(keys)
         recipe = build_recipe(keys, world_size)
         # This process starts the run's work: the recipe's env: block applies from here on
         # (under the launcher it is already in the environment, with the same values).

@@ -43,16 +43,6 @@ def reports_to_wandb(report_to) -> bool:
     return "wandb" in report_to or "all" in report_to
 
 
-def keep_wandb_out_unless_reported(report_to) -> None:
-    """Make wandb absent for this process when the run does not report to it; call before TRL
-    is imported. transformers' is_wandb_available() imports wandb whenever it is installed,
-    and TRL asks at import: 0.5 s of every trainer start, at every requeue, for nothing. A None
-    in sys.modules is Python's own mark of an absent module: find_spec answers None, and an
-    `import wandb` (a custom reward's, say) raises ModuleNotFoundError naming it."""
-    if not reports_to_wandb(report_to):
-        sys.modules.setdefault("wandb", None)
-
-
 def persistent_run_id(output_dir: str | os.PathLike) -> str:
     """The run's W&B id: read from output_dir, or created there once (first writer wins)."""
     path = Path(output_dir) / RUN_ID_FILE
