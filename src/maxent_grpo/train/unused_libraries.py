@@ -16,9 +16,9 @@ from maxent_grpo.train.wandb_run import reports_to_wandb
 
 
 def unused_libraries(keys) -> list[str]:
-    """The optional libraries a recipe's run never calls (keys: RecipeKeys or a Recipe's
-    values). vLLM stays for generation (use_vllm) and for benchmarks, which an inline
-    evaluation in this process runs with vLLM on a GPU."""
+    """The optional libraries a recipe's run never calls (keys: RecipeKeys). vLLM stays for
+    generation (use_vllm) and for benchmarks, which an inline evaluation in this process runs
+    with vLLM on a GPU."""
     unused = []
     if not reports_to_wandb(keys.report_to):
         unused.append("wandb")
