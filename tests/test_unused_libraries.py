@@ -27,7 +27,9 @@ def test_the_libraries_a_recipe_does_not_use(tmp_path, keys, unused):
     assert unused_libraries(read_recipe(["--config", str(recipe)])) == unused
 
 
-@pytest.mark.parametrize(("report_to", "loaded"), [("none", False), (["wandb"], True)])
+@pytest.mark.parametrize(
+    ("report_to", "loaded"), [("none", False), (["tensorboard"], False), (["wandb"], True)]
+)
 def test_trl_loads_wandb_only_for_runs_that_report_to_it(tmp_path, report_to, loaded):
     if importlib.util.find_spec("wandb") is None:
         pytest.fail("wandb is a core dependency and must be installed")
