@@ -15,10 +15,12 @@ from maxent_grpo.train.unused_libraries import mark_unused_libraries_absent
 mark_unused_libraries_absent(read_recipe(["--config", sys.argv[1]]))
 import trl.trainer.grpo_trainer
 from transformers.integrations import is_wandb_available
+from transformers.utils import is_peft_available
 from trl.import_utils import is_vllm_available
 loaded = lambda name: sys.modules.get(name) is not None
 print(json.dumps({"wandb": [loaded("wandb"), is_wandb_available()],
-                  "vllm": [loaded("vllm"), is_vllm_available()]}))
+                  "vllm": [loaded("vllm"), is_vllm_available()],
+                  "peft": [loaded("peft"), is_peft_available()]}))
 """
 
 

@@ -1,16 +1,17 @@
 """Libraries a run does not use are marked absent in a trainer before TRL is imported.
 
 transformers and TRL import some optional libraries at import time, whenever they are
-installed, only to ask whether they are: wandb (0.5 s), and vLLM, which TRL's GRPO trainer
-imports whole (about 5 s and 200 MiB per process on the CI machine). Every trainer pays that
-at every start and requeue. A None in sys.modules is Python's own mark of an absent module:
-importlib.util.find_spec answers None, and an `import vllm` raises ModuleNotFoundError naming
-it.
+installed, only to ask whether they are: wandb (0.5 s), peft (0.4 s: transformers' trainer
+utilities import it) and vLLM, which TRL's GRPO trainer imports whole (about 5 s and 200 MiB
+per process on the CI machine). Every trainer pays that at every start and requeue. A None in
+sys.modules is Python's own mark of an absent module: importlib.util.find_spec answers None,
+and an `import vllm` raises ModuleNotFoundError naming it.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from maxent_grpo.train.wandb_run import reports_to_wandb
 
@@ -18,13 +19,20 @@ from maxent_grpo.train.wandb_run import reports_to_wandb
 def unused_libraries(keys) -> list[str]:
     """The optional libraries a recipe's run never calls (keys: RecipeKeys). vLLM stays for
     generation (use_vllm) and for benchmarks, which an inline evaluation in this process runs
-    with vLLM on a GPU."""
+    with vLLM on a GPU; peft for LoRA (use_peft) and for a model that is a local adapter."""
     unused = []
     if not reports_to_wandb(keys.report_to):
         unused.append("wandb")
     if not keys.use_vllm and not keys.benchmarks:
         unused.append("vllm")
+    if not keys.use_peft and not _is_adapter(keys.model_name_or_path):
+        unused.append("peft")
     return unused
+
+
+def _is_adapter(model_name_or_path: str | None) -> bool:
+    """A local PEFT adapter directory: transformers loads it (base model + adapter) with peft."""
+    return bool(model_name_or_path) and Path(model_name_or_path, "adapter_config.json").is_file()
 
 
 def mark_unused_libraries_absent(keys) -> None:
