@@ -1,6 +1,7 @@
 # Thin targets; the logic lives in scripts/ and the package.
 BIN = $(shell bash scripts/setup_env.sh | tail -n 1)
-PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+# --durations: each suite prints its slowest tests, to see where CI time goes.
+PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest --durations=15
 
 .PHONY: install test test-unit test-slurm test-fresh-clone test-multinode test-vllm lint format docs bench smoke clean
 
