@@ -171,6 +171,12 @@ def test_check_recipe_rejects_missing_model_and_unwritable_output(tmp_path, tiny
     recipe = parsed(tmp_path, "", "--model_name_or_path", "./no/such/model")
     with pytest.raises(ConfigError, match="not a model directory"):
         check_recipe(recipe)
+    adapter = tmp_path / "lora-output"  # what a use_peft run saves
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    recipe = parsed(tmp_path, "", "--model_name_or_path", str(adapter))
+    with pytest.raises(ConfigError, match=r"is a PEFT adapter .*merge_and_unload"):
+        check_recipe(recipe)
 
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -28,15 +28,6 @@ def test_the_libraries_a_recipe_does_not_use(tmp_path, keys, unused):
     assert unused_libraries(read_recipe(["--config", str(recipe)])) == unused
 
 
-def test_peft_stays_for_a_model_that_is_a_local_adapter(tmp_path):
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    recipe = write_recipe(tmp_path, model_name_or_path=str(adapter))
-    assert "peft" in unused_libraries(read_recipe(["--config", str(recipe)]))
-    (adapter / "adapter_config.json").write_text("{}")
-    assert "peft" not in unused_libraries(read_recipe(["--config", str(recipe)]))
-
-
 @pytest.mark.parametrize(
     ("report_to", "loaded"), [("none", False), (["tensorboard"], False), (["wandb"], True)]
 )

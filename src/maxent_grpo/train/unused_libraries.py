@@ -11,28 +11,24 @@ and an `import vllm` raises ModuleNotFoundError naming it.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
+from maxent_grpo.launch.requirements import recipe_needs
 from maxent_grpo.train.wandb_run import reports_to_wandb
 
 
 def unused_libraries(keys) -> list[str]:
     """The optional libraries a recipe's run never calls (keys: RecipeKeys). vLLM stays for
     generation (use_vllm) and for benchmarks, which an inline evaluation in this process runs
-    with vLLM on a GPU; peft for LoRA (use_peft) and for a model that is a local adapter."""
+    with vLLM on a GPU; peft when the recipe needs it (launch/requirements.py: use_peft; a
+    model that is an adapter is refused by recipe/checks.py: check_model_path)."""
     unused = []
     if not reports_to_wandb(keys.report_to):
         unused.append("wandb")
     if not keys.use_vllm and not keys.benchmarks:
         unused.append("vllm")
-    if not keys.use_peft and not _is_adapter(keys.model_name_or_path):
+    if "peft" not in {need.module for need in recipe_needs(keys.values)}:
         unused.append("peft")
     return unused
-
-
-def _is_adapter(model_name_or_path: str | None) -> bool:
-    """A local PEFT adapter directory: transformers loads it (base model + adapter) with peft."""
-    return bool(model_name_or_path) and Path(model_name_or_path, "adapter_config.json").is_file()
 
 
 def mark_unused_libraries_absent(keys) -> None:
