@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.procs import wait_for
 from helpers.runs import PYTHON, REPO, child_env, log_history, run, write_recipe
 from maxent_grpo.runs import KILLED, collect_runs
 from maxent_grpo.runs.events import read_events
@@ -57,16 +58,6 @@ def _launch(work: Path, recipe: Path, name: str, timeout: float = 600):
     return run(args, cwd=work, timeout=timeout)
 
 
-def _wait_for(predicate, timeout: float, what: str, proc=None) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"exited with {proc.returncode} before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 def _killed_run(work: Path, tiny_model: Path, runs: RealRuns) -> None:
     """A trainer alone, whose output goes to a train log (as the launcher does it), killed with
     SIGKILL (process group) once a complete checkpoint exists."""
@@ -84,7 +75,9 @@ def _killed_run(work: Path, tiny_model: Path, runs: RealRuns) -> None:
     try:
         # (any: at a few steps a second, checkpoint-2 may be rotated away between two looks)
         out = work / "outputs" / "killed"
-        _wait_for(lambda: any(out.glob(f"checkpoint-*/{CHECKPOINT_MARKER}")), 300, "a save", proc)
+        wait_for(
+            lambda: any(out.glob(f"checkpoint-*/{CHECKPOINT_MARKER}")), 300, "a save", proc=proc
+        )
         runs.snapshots["killed-live"] = runs.table()
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -116,7 +109,7 @@ def _stopped_then_resumed_run(work: Path, tiny_model: Path, runs: RealRuns) -> N
             events = read_events(work / "outputs" / "resumed")
             return any(e["event"] == "step" for e in events)
 
-        _wait_for(logged_a_step, 300, "step 1 of resumed", launcher)
+        wait_for(logged_a_step, 300, "step 1 of resumed", proc=launcher)
         request_stop(work / "outputs" / "resumed", "test: stop request")
         runs.snapshots["resumed-stopping"] = runs.table()
         launcher.wait(timeout=300)

@@ -56,3 +56,17 @@ def wait_until_gone(
         if not left or waited > timeout:
             return left, waited
         time.sleep(0.1)
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.5, proc=None):
+    """predicate's first true value, polled every `poll` s; an AssertionError naming `what`
+    after `timeout` s, or as soon as `proc` (a Popen, optional) has exited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if value := predicate():
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"exited with {proc.returncode} before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll)

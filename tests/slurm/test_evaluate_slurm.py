@@ -9,9 +9,9 @@ import csv
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from helpers.procs import wait_for
 from helpers.recipes import write_recipe
 from maxent_grpo.evaluate import ledger
 from maxent_grpo.runs.events import read_events
@@ -33,15 +33,6 @@ BENCHMARKS = [
         "max_new_tokens": 16,
     },
 ]
-
-
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _events(out: Path, kind: str) -> list[dict]:

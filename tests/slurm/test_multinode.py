@@ -15,6 +15,8 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
+from helpers.procs import wait_for
+
 pytestmark = pytest.mark.multinode
 
 PYTHON = sys.executable
@@ -26,16 +28,6 @@ def _script(path: Path, body: str, shebang: str = "#!/bin/bash") -> Path:
     path.write_text(f"{shebang}\n{body}")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
-
-
-def _wait_for(predicate, timeout: float, what: str, poll: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def processes_on(cluster, node: str) -> list[str]:
@@ -184,17 +176,18 @@ def test_a_crashed_node_is_marked_down_and_its_job_requeued(multinode_cluster, t
         tmp_path,
     )
     try:
-        _wait_for(lambda: _hosts(marker) and len(_hosts(marker)) == 2, 60, "the first attempt")
+        wait_for(lambda: _hosts(marker) and len(_hosts(marker)) == 2, 60, "the first attempt")
         # Not the batch node: the failure of any node of a job must end and requeue it.
         victim = cluster.job_nodes(job)[1]
         t0 = time.monotonic()
         crashed = cluster.cluster("kill-node", victim, timeout=60)
         assert crashed.returncode == 0, crashed.stderr
-        seen = _wait_for(_watch_failure(cluster, job, victim, t0), 120, f"{victim}'s failure")
+        watch = _watch_failure(cluster, job, victim, t0)
+        seen = wait_for(watch, 120, f"{victim}'s failure", poll=0.25)  # times the detection
         cluster.timings["crashed node marked down after (s)"] = seen["down"]
         cluster.timings["its job stopped running after (s)"] = seen["job"]
         # Node failure requeues the job (JobRequeue=1): it runs again on two live nodes.
-        _wait_for(lambda: len(_hosts(marker)) == 4, 60, "the requeued job to run again")
+        wait_for(lambda: len(_hosts(marker)) == 4, 60, "the requeued job to run again")
         (record,) = cluster.job_records(job)
         assert record["JobState"] == "RUNNING" and record["Restarts"] == "1", record
         again = _hosts(marker)[2:]

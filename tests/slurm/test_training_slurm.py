@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from helpers.procs import wait_for
 from helpers.recipes import write_recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,16 +65,6 @@ def train_logs(tmp_path: Path) -> list[Path]:
 
 def weights(path: Path) -> dict:
     return load_file(str(path / "model.safetensors"))
-
-
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def local_reference_run(tmp_path: Path, **overrides) -> Path:
