@@ -29,7 +29,7 @@ def time_imports(phases: dict[str, float]) -> None:
     """The launcher's imports, in the order the console script and prepare() make them."""
     for label, module in (
         ("import maxent_grpo.cli", "maxent_grpo.cli"),
-        ("import maxent_grpo.launch.launcher", "maxent_grpo.launch.launcher"),
+        ("import maxent_grpo.launch.attempt (and launcher)", "maxent_grpo.launch.attempt"),
         ("import maxent_grpo.recipe (schema reader, no TRL)", "maxent_grpo.recipe"),
         ("import maxent_grpo.recipe.checks", "maxent_grpo.recipe.checks"),
     ):

@@ -231,7 +231,8 @@ def _run(args) -> int:
         from maxent_grpo.evaluate.command import main as evaluate
 
         return evaluate(_request(args), args.checkpoint, args.step, args.benchmark, args.queued)
-    from maxent_grpo.launch.launcher import prepare, run_attempt
+    from maxent_grpo.launch.attempt import run_attempt
+    from maxent_grpo.launch.launcher import prepare
 
     if args.command == "run":
         return run_attempt(_request(args), early_signals=tuple(args.early_signals))

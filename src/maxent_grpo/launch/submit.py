@@ -19,7 +19,8 @@ from pathlib import Path
 import submitit
 
 from maxent_grpo.errors import UserError
-from maxent_grpo.launch.launcher import Attempt, RunRequest, prepare
+from maxent_grpo.launch.attempt import Attempt
+from maxent_grpo.launch.launcher import RunRequest, prepare
 from maxent_grpo.launch.sbatch import planned_environment
 
 

@@ -2,7 +2,7 @@
 
 Read-only and cheap: directory listings, `stat`s, a checkpoint's trainer_state.json by its head
 and tail, and (Linux) /proc to see which train logs a live process holds open. Log files are
-found by their names (`launcher.log_path`) and never read: what happened is in the events.
+found by their names (`launch/attempt.py: log_path`) and never read: what happened is in the events.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def mtime(path: str | os.PathLike) -> float | None:
 
 @dataclass(frozen=True)
 class RunLog:
-    """An attempt's train or vLLM server log, known by its name (`launcher.log_path`):
+    """An attempt's train or vLLM server log, known by its name (`launch/attempt.py: log_path`):
     `<run>_[job<ID>_]<YYYYmmdd-HHMMSS>_<train|vllm>.log`, the time when the attempt made it."""
 
     path: Path

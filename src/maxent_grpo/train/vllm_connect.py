@@ -1,6 +1,6 @@
 """The trainer's connection to a vLLM server (`vllm_mode: server`), made at its first use.
 
-The launcher starts the server and the trainers together (launch/launcher.py): the trainers
+The launcher starts the server and the trainers together (launch/attempt.py): the trainers
 import, load the model and the data, build the optimizer while the server boots, and the
 main process connects at the first generation or weight sync. The connection first waits
 for /health with the recipe's `vllm_server_timeout` (launch/server.py HealthWait: a bound on

@@ -1,0 +1,381 @@
+"""One attempt of a run in this allocation: (server) -> accelerate launch -> wait -> outcome.
+
+training.sh (local or under sbatch), the submitit launcher and `maxent-grpo run` all run one
+`Attempt` of a request prepared by launch/launcher.py. Effects live here (processes, signals,
+files, the run's event log); the outcome rules in launch/outcomes.py, the stop and checkpoint
+files in train/checkpoints.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from maxent_grpo.errors import EXIT_USER_ERROR, UserError
+from maxent_grpo.launch.launcher import Prepared, RunRequest, prepare
+from maxent_grpo.launch.outcomes import (
+    STOP_CLASSES,
+    Outcome,
+    classify,
+    is_permanent,
+    previous_outcome,
+)
+from maxent_grpo.launch.overrides import server_environ
+from maxent_grpo.launch.plan import Plan
+from maxent_grpo.launch.processes import Child
+from maxent_grpo.launch.server import ServerWaitCancelled, launch_server
+from maxent_grpo.launch.slurm import (
+    job_record,
+    requeue,
+    should_requeue,
+    slurm_job,
+    user_error_marker,
+)
+from maxent_grpo.launch.watchdog import Watchdog, Watched, stop_hung, watch_training
+from maxent_grpo.runs.events import emit
+from maxent_grpo.train.checkpoints import (
+    clear_stop_request,
+    last_complete_checkpoint,
+    list_checkpoints,
+    request_stop,
+    run_is_complete,
+    stop_request_reason,
+    stop_requested,
+)
+from maxent_grpo.train.heartbeat import clear_heartbeats, heartbeat_dir
+
+# How long the trainers may take to finish a step and save after a SIGTERM reached every
+# process (Slurm preemption, scancel): torchrun's agent waits this long before it SIGKILLs
+# its workers (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, unless set), and so does the launcher.
+STOP_DRAIN_S = 300
+
+
+def declared_output_dir(request: RunRequest) -> Path | None:
+    """The output_dir a request names, read without parsing: even a broken recipe has one."""
+    import yaml
+
+    if request.run_name:
+        return Path("outputs") / request.run_name
+    overrides = list(request.overrides)
+    for i, arg in enumerate(overrides):
+        if arg.startswith("--output_dir="):
+            return Path(arg.split("=", 1)[1])
+        if arg == "--output_dir" and i + 1 < len(overrides):
+            return Path(overrides[i + 1])
+    try:
+        output_dir = yaml.safe_load(Path(request.recipe).read_text()).get("output_dir")
+        return Path(output_dir) if output_dir else None
+    except Exception:  # noqa: BLE001 - an unreadable recipe names no output_dir
+        return None
+
+
+def _output_name(request: RunRequest) -> str:
+    """The run name of a request (its output_dir's name), even from a broken recipe."""
+    output_dir = declared_output_dir(request)
+    return (output_dir.name if output_dir else "") or Path(request.recipe).stem
+
+
+def log_path(logs_dir: Path, run_name: str, role: str, environ=os.environ) -> Path:
+    """logs/<run>_<jobid>_<time>_<role>.log: one file per attempt, never truncated."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    job = environ.get("SLURM_ARRAY_JOB_ID") or environ.get("SLURM_JOB_ID")
+    parts = [run_name, f"job{job}" if job else None, stamp, role]
+    return Path(logs_dir) / ("_".join(p for p in parts if p) + ".log")
+
+
+class _Signals:
+    """Route SIGUSR1/SIGTERM/SIGINT to the attempt while it runs.
+
+    The first signal asks for a graceful stop (checkpoint at the next step boundary, then
+    requeue); a second SIGTERM or SIGINT stops everything at once. A repeated SIGUSR1 is a
+    no-op: Slurm may deliver its warning more than once.
+    """
+
+    HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+    def __init__(self, attempt: Attempt):
+        self.attempt = attempt
+        self._previous = {}
+
+    def __enter__(self):
+        for signum in self.HANDLED:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum, _frame):
+        name = signal.Signals(signum).name
+        if self.attempt.stop_reason is not None and signum != signal.SIGUSR1:
+            print(f"{name} again: stopping everything now", flush=True)
+            self.attempt.abort()
+            return
+        print(f"{name} received: checkpointing at the next step boundary", flush=True)
+        self.attempt.request_stop(f"{name} received", signum)
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+class Attempt:
+    """One attempt of a training run in this allocation: run() returns the exit code.
+
+    requeue_on_stop: after a graceful stop under Slurm, `scontrol requeue` this job (or
+    array task). The submitit launcher turns it off for the stops submitit asks for (it
+    requeues those by itself).
+    Writes the run's event log (runs/events.py): attempt_start, plan, stop_request, outcome.
+    """
+
+    def __init__(self, request: RunRequest, environ=os.environ, requeue_on_stop: bool = True):
+        self.request = request
+        self.environ = environ
+        self.requeue_on_stop = requeue_on_stop
+        self.requeued = False  # this attempt's `scontrol requeue` was accepted
+        self.job = slurm_job(environ)
+        self.stop_reason: str | None = None
+        self.stop_signal: int | None = None
+        self.output_dir: Path | None = None
+        self.trainer: Child | None = None
+        self.server = None
+
+    def request_stop(self, reason: str, signum: int | None = None) -> None:
+        """Graceful stop: the trainers save a complete checkpoint and exit."""
+        first = self.stop_reason is None
+        if first:
+            self.stop_reason, self.stop_signal = reason, signum
+        if self.output_dir is not None:
+            try:
+                request_stop(self.output_dir, reason)
+            except OSError as exc:  # a signal handler must not raise into the wait loop
+                print(f"warning: cannot write the stop request: {exc}", flush=True)
+            if first:
+                emit(self.output_dir, "stop_request", reason=reason)
+
+    def abort(self) -> None:
+        """Immediate stop: every process of the run, now."""
+        for child in (self.trainer, self.server):
+            if child is not None:
+                child.stop(grace=5)
+
+    def stop_gracefully(self, reason: str, timeout: float) -> None:
+        """Ask for a checkpoint, wait up to `timeout` s for the trainers, then stop all."""
+        self.request_stop(reason)
+        # The whole tree: workers may outlive accelerate's launcher while they save.
+        if self.trainer is not None and not self.trainer.wait_group(timeout, poll=0.5):
+            print(f"trainers still running after {timeout:g}s; stopping them", flush=True)
+        self.abort()
+
+    def run(self, early_signals: tuple[int, ...] = ()) -> int:
+        """early_signals: stop signals that arrived before this process could handle them."""
+        with _Signals(self):
+            for signum in early_signals:
+                self.request_stop(f"{signal.Signals(signum).name} received", signum)
+            return self._run()
+
+    def _prepare(self, marker: Path | None) -> Prepared:
+        """prepare(), leaving a user error where later attempts and `maxent-grpo runs` see it."""
+        try:
+            return prepare(self.request, self.environ)
+        except UserError as exc:
+            if marker is not None:
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text(f"{exc}\n")
+            # Leave the error where `maxent-grpo runs` looks: the run's event log (when the
+            # recipe names an output_dir) and a train log of this attempt.
+            self._emit_user_error(str(exc))
+            name = self.request.run_name or _output_name(self.request)
+            error_log = log_path(self.request.logs_dir, name, "train", self.environ)
+            error_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(error_log, "a") as log:
+                log.write(f"error: {exc}\n")
+            raise
+
+    def _run(self) -> int:
+        marker = user_error_marker(self.request.logs_dir, self.job)
+        if marker is not None and marker.is_file():
+            # An earlier task of this array failed for good: retrying cannot fix it.
+            print(f"error: {marker.read_text().strip()}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        prepared = self._prepare(marker)
+        recipe, plan = prepared.keys, prepared.plan
+        self.output_dir = Path(recipe.output_dir)
+        if run_is_complete(self.output_dir):
+            print(f"{self.output_dir} already holds a completed run; nothing to do.")
+            return 0
+        clear_stop_request(self.output_dir)  # a request from the previous attempt
+        clear_heartbeats(self.output_dir)  # and its heartbeats and exit reports
+        previous = previous_outcome(self.output_dir)
+        self._emit_start(recipe, plan)
+        if self.stop_reason is not None:
+            request_stop(self.output_dir, self.stop_reason)
+            emit(self.output_dir, "stop_request", reason=self.stop_reason)
+
+        print(prepared.describe(), flush=True)
+        run_name = self.request.run_name or self.output_dir.name
+        train_log = log_path(self.request.logs_dir, run_name, "train", self.environ)
+        started = time.monotonic()
+        watched = Watched(None)
+        try:
+            watched = self._start_and_wait(recipe, plan, run_name, train_log)
+        except ServerWaitCancelled as exc:
+            print(f"stopped: {exc}", flush=True)
+        except UserError as exc:
+            self._emit_outcome("user_error", str(exc), EXIT_USER_ERROR)
+            raise
+        finally:
+            self._end_processes(watched, train_log)
+        print(f"training exited with code {watched.code} after {time.monotonic() - started:.1f}s")
+        print(f"log: {train_log}")
+        outcome = self._classify(watched, previous, train_log)
+        return self._finish(outcome, recipe.max_requeues, marker)
+
+    def _emit_user_error(self, reason: str) -> None:
+        output_dir = declared_output_dir(self.request)
+        if output_dir is None:
+            return  # no output_dir known: the log line is all there is
+        try:
+            emit(output_dir, "outcome", outcome="user_error", reason=reason, code=2, step=None)
+        except OSError:
+            pass  # e.g. the unwritable output_dir the error is about
+
+    def _emit_start(self, recipe, plan: Plan) -> None:
+        job = self.job
+        attempt = 0
+        if job is not None:
+            attempt = int(job.array_task_id) if job.array_task_id else job.restart_count
+        emit(
+            self.output_dir,
+            "attempt_start",
+            method=recipe.method,
+            recipe=recipe.path,
+            job=(job.array_job_id or job.job_id) if job else None,
+            attempt=attempt,
+            host=socket.gethostname(),
+        )
+        server = plan.server
+        emit(
+            self.output_dir,
+            "plan",
+            device=plan.device,
+            train_processes=plan.train.num_processes,
+            nodes=list(plan.train.nodes),
+            server=server and {"node": server.node, "port": server.port, "device": server.device},
+        )
+
+    def _emit_outcome(self, outcome: str, reason: str, code: int, requeue=None) -> None:
+        complete = [c.step for c in list_checkpoints(self.output_dir) if c.complete]
+        emit(
+            self.output_dir,
+            "outcome",
+            outcome=outcome,
+            reason=reason.splitlines()[0] if reason else "",
+            code=code,
+            step=complete[-1] if complete else None,
+            requeue=requeue,
+        )
+
+    def _start_and_wait(self, recipe, plan: Plan, run_name: str, train_log: Path) -> Watched:
+        # The recipe's env: block reaches the run's processes, under the plan's own variables.
+        environ = {**self.environ, **recipe.env}
+        if self.stop_reason is not None:  # asked to stop before anything started
+            return Watched(None)
+        if plan.server is not None:
+            server_log = log_path(self.request.logs_dir, run_name, "vllm", self.environ)
+            # PYTHONFAULTHANDLER: a hang's SIGABRT prints the server's stacks (watchdog.py).
+            server_env = {"PYTHONFAULTHANDLER": "1", **server_environ(environ)}
+            # Not waited for here: the trainers load the model and data while it boots, and
+            # watch_training stops everything if its start-up fails.
+            self.server = launch_server(plan.server, server_log, server_env)
+        env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(STOP_DRAIN_S), **environ}
+        env.update({**plan.train.env, "PYTHONUNBUFFERED": "1"})
+        health = plan.server.health_url if plan.server is not None else None
+        watchdog = Watchdog(
+            heartbeat_dir(self.output_dir),
+            plan.train.num_processes,
+            recipe.launch.hang_timeout,
+            health,
+        )
+        self.trainer = Child("train", plan.train.command, train_log, env=env, echo=True)
+        return watch_training(
+            self.trainer, self.server, watchdog, cancelled=lambda: self.stop_signal
+        )
+
+    def _end_processes(self, watched: Watched, train_log: Path) -> None:
+        """Stop whatever of the run is left; after a stop request, first let the trainers
+        finish their checkpoint (they may outlive accelerate's launcher after a SIGTERM)."""
+        if watched.hang is not None:
+            beats = heartbeat_dir(self.output_dir)
+            stop_hung(watched.hang, self.trainer, self.server, train_log, beats)
+        elif self.trainer is not None and (self.stop_reason or stop_requested(self.output_dir)):
+            if not self.trainer.wait_group(STOP_DRAIN_S):
+                print(f"trainers still running {STOP_DRAIN_S}s after the stop; stopping them")
+        self.abort()
+
+    def _classify(self, watched: Watched, previous: dict | None, train_log: Path) -> Outcome:
+        if self.stop_reason is None and stop_requested(self.output_dir):
+            self.stop_reason = stop_request_reason(self.output_dir)
+        stop = None
+        if self.stop_reason is not None:
+            name = signal.Signals(self.stop_signal).name if self.stop_signal else None
+            restarts = self.job.restart_count if self.job else 0
+            stop = (self.stop_reason, name, job_record(self.job), restarts)
+        return classify(self.output_dir, watched, stop, previous, train_log)
+
+    def _finish(self, outcome: Outcome, max_requeues: int, marker: Path | None) -> int:
+        """Record the outcome; requeue a transient one under Slurm; remember a permanent one."""
+        if outcome.kind == "completed":
+            print(f"model: {self.output_dir}")
+            self._emit_outcome(outcome.kind, outcome.reason, 0)
+            return 0
+        checkpoint = last_complete_checkpoint(self.output_dir)
+        if outcome.kind in STOP_CLASSES:
+            print(f"stopped ({self.stop_reason}); resume point: {checkpoint or 'none yet'}")
+        else:
+            print(f"{outcome.kind}: {outcome.reason}", flush=True)
+            print(f"resume point: {checkpoint or 'none yet'}", flush=True)
+        if outcome.kind == "user_error":
+            # Found by the trainers' checks (prepare() leaves TRL's, rewards' and data's to
+            # them): the same one line on stderr as a problem prepare() finds.
+            print(f"error: {outcome.reason}", file=sys.stderr, flush=True)
+        if is_permanent(outcome):
+            if marker is not None:  # later tasks of the array exit at once with this line
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text(f"{outcome.kind}: {outcome.reason}\n")
+            print(f"not retried: {outcome.kind} is permanent", flush=True)
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+        elif self.requeue_on_stop:
+            self._requeue(outcome, max_requeues)
+        else:
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+        return outcome.code
+
+    def _requeue(self, outcome: Outcome, max_requeues: int) -> None:
+        """Requeue this job under Slurm when allowed, recording the outcome first."""
+        if outcome.requeued_by_slurm:  # (a preemption with PreemptMode=REQUEUE)
+            target = self.job.requeue_target
+            print(f"Slurm requeued {target} itself; it resumes from the last checkpoint")
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
+            return
+        ok, why = should_requeue(self.job, max_requeues)
+        if not ok:
+            print(f"not requeued: {why}", flush=True)
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+            return
+        target = self.job.requeue_target
+        # Said and recorded first: Slurm may stop this process once the requeue is accepted.
+        self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
+        print(f"requeueing {target}", flush=True)
+        result = requeue(self.job)
+        self.requeued = result.returncode == 0
+        if result.returncode != 0:
+            print(f"error: scontrol requeue failed: {result.stderr.strip()}", flush=True)
+            # The reader takes an attempt's last outcome: this one says "not requeued".
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+
+
+def run_attempt(request: RunRequest, environ=os.environ, early_signals=()) -> int:
+    """Run one attempt of a training job in this allocation; returns the exit code."""
+    return Attempt(request, environ).run(early_signals)
