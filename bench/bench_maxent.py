@@ -42,7 +42,8 @@ COMPONENT_LENGTH = 32  # completion tokens of the in-process timings
 
 
 def recipes(model: Path, steps: int, workdir: Path) -> dict[str, Path]:
-    """The MaxEnt smoke recipe and its GRPO twin (MaxEnt keys out, same beta)."""
+    """The MaxEnt smoke recipe and its GRPO twin (MaxEnt keys and `method: maxent` out, same
+    beta)."""
     common = yaml.safe_load(SMOKE_MAXENT.read_text())
     common.update(
         model_name_or_path=str(model),
@@ -53,11 +54,8 @@ def recipes(model: Path, steps: int, workdir: Path) -> dict[str, Path]:
         generation_kwargs={"min_new_tokens": common["max_completion_length"]},
     )
     maxent = {**common, "init_kl_coeff": KL_COEFF}
-    grpo = {
-        k: v
-        for k, v in common.items()
-        if not k.startswith("maxent_") and k not in ("init_kl_coeff", "kl_target", "kl_horizon")
-    }
+    maxent_only = ("method", "init_kl_coeff", "kl_target", "kl_horizon")
+    grpo = {k: v for k, v in common.items() if not k.startswith("maxent_") and k not in maxent_only}
     grpo["beta"] = KL_COEFF
     paths = {}
     for method, recipe in (("grpo", grpo), ("maxent", maxent)):
