@@ -13,8 +13,7 @@ def test_maxent_bench_writes_a_grpo_twin_the_launcher_runs_as_grpo(tmp_path, mon
     monkeypatch.syspath_prepend(str(REPO / "bench"))
     bench_maxent = importlib.import_module("bench_maxent")
     paths = bench_maxent.recipes(tmp_path / "model", 3, tmp_path)
-    for method in ("grpo", "maxent"):  # as bench_maxent.run asks: --method METHOD
-        keys = read_recipe(["--config", str(paths[method])], method)
-        assert keys.method == method
-    grpo = read_recipe(["--config", str(paths["grpo"])], "grpo")
-    assert grpo.beta == bench_maxent.KL_COEFF
+    # As bench_maxent.run asks: --method METHOD.
+    keys = {method: read_recipe(["--config", str(paths[method])], method) for method in paths}
+    assert {method: k.method for method, k in keys.items()} == {"grpo": "grpo", "maxent": "maxent"}
+    assert keys["grpo"].beta == bench_maxent.KL_COEFF

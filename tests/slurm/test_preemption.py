@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from helpers.procs import wait_for
+
 pytestmark = pytest.mark.slurm
 
 GRACE_S = 30  # GraceTime of the debug partition (tests/slurm/cluster.sh)
@@ -50,10 +52,8 @@ def test_high_partition_preempts_then_requeues_a_debug_job(slurm_cluster, tmp_pa
     low = cluster.submit(
         ["-c", whole_node, "--requeue", "--open-mode=append", "-o", str(out), str(script)], tmp_path
     )
-    deadline = time.monotonic() + 30
-    while f"{low}.0" not in cluster.run(["squeue", "-h", "-s", "-j", low, "-o", "%i"]).stdout:
-        assert time.monotonic() < deadline, "the low job's step did not start"
-        time.sleep(0.25)
+    steps = ["squeue", "-h", "-s", "-j", low, "-o", "%i"]
+    wait_for(lambda: f"{low}.0" in cluster.run(steps).stdout, 30, "the low job's step", poll=0.25)
     time.sleep(1)  # the step's task sets its trap
     (record,) = cluster.job_records(low)
     assert record["JobState"] == "RUNNING" and record["Partition"] == "debug", record
