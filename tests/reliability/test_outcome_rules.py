@@ -63,15 +63,60 @@ def test_classes_from_exit_reports_and_log_lines():
     found = from_exit_reports([crash, oom], None)  # the earliest report is the cause
     assert found.kind == "oom" and "rank 1" in found.reason and is_permanent(found)
     assert from_exit_reports([], None) is None
-    tail = "step 3\nsrun: error: Node failure on node-2\nexitcode: 1"
-    found = from_log(tail, 1, None)
-    assert (found.kind, found.reason) == ("node_failure", "srun: error: Node failure on node-2")
     assert from_log("error: r.yaml: key 'lr': bad", 2, None).kind == "user_error"
     line = "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert from_log(f"Traceback\n{line}\n", 1, None).kind == "oom"
     crashed = from_log("Traceback (most recent call last):\nKeyError: 'x'\n", 1, None)
     assert (crashed.kind, crashed.reason) == ("crash", "KeyError: 'x'")
     assert from_log("", -9, None).reason == "training killed by signal 9"
+
+
+# What the first node's rank said when the test cluster's node2 was killed (gloo, CPU; NCCL
+# says "remote process exited or there was a network error").
+PEER_LOST = "[pair.cc:553] Connection closed by peer [10.1.0.2]:42650. This is typically caused"
+SRUN_END = "srun: error: node1: task 0: Exited with exit code 1"
+
+
+def _beat(rank: int, host: str) -> dict:
+    return {"rank": rank, "host": host, "phase": "generate_done", "step": 15}
+
+
+def test_a_rank_that_lost_its_peer_names_the_host_that_went_silent():
+    lost = {"rank": 0, "host": "node1", "kind": "error", "type": "RuntimeError", "time": 3}
+    lost["message"] = PEER_LOST
+    beats = [_beat(0, "node1"), _beat(1, "node2.cluster.example"), _beat(2, "node2")]
+    found = from_exit_reports([lost], None, beats, f"Traceback\n{SRUN_END}\n")
+    assert found.kind == "node_failure" and not is_permanent(found), found
+    assert found.reason.startswith("node2 went silent") and "rank 0: RuntimeError" in found.reason
+    # node2's tasks ended (a process was killed there, its node is alive): a crash of rank 0's
+    killed = f"{SRUN_END}\nsrun: error: node2: tasks 1-2: Killed"
+    assert from_exit_reports([lost], None, beats, killed).kind == "crash"
+    # one host: the silent rank was a process, not a node
+    assert from_exit_reports([lost], None, [_beat(0, "node1"), _beat(1, "node1")]).kind == "crash"
+    # a rank's own error is its own, whoever else is silent
+    own = {**lost, "message": "shape mismatch"}
+    assert from_exit_reports([own], None, beats, SRUN_END).kind == "crash"
+
+
+def test_classify_reads_the_node_failure_line_the_reports_and_the_heartbeats(tmp_path):
+    from maxent_grpo.launch.outcomes import classify
+    from maxent_grpo.launch.watchdog import Watched
+
+    beats = tmp_path / ".heartbeat"
+    beats.mkdir()
+    report = {"rank": 0, "host": "node1", "kind": "error", "type": "RuntimeError", "time": 3}
+    (beats / "rank-0.exit.json").write_text(json.dumps({**report, "message": PEER_LOST}))
+    log = tmp_path / "train.log"
+    log.write_text(f"step 3\n{SRUN_END}\n")
+    assert classify(tmp_path, Watched(1), None, None, log).kind == "crash"  # nobody silent
+    for rank, host in ((0, "node1"), (1, "node2")):
+        (beats / f"rank-{rank}.json").write_text(json.dumps(_beat(rank, host)) + " " * 100)
+    found = classify(tmp_path, Watched(1), None, None, log)
+    assert found.kind == "node_failure" and found.reason.startswith("node2 went silent"), found
+    # Slurm's own word for it outranks the ranks' errors
+    log.write_text(f"step 3\nsrun: error: Node failure on node-2\n{SRUN_END}\n")
+    found = classify(tmp_path, Watched(1), None, None, log)
+    assert (found.kind, found.reason) == ("node_failure", "srun: error: Node failure on node-2")
 
 
 def test_exit_kind_follows_the_cause_chain():

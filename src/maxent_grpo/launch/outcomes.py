@@ -35,6 +35,13 @@ OOM_HINT = (
 )
 # Lines that say a node of the job failed: srun's and slurmstepd's words for it.
 _NODE_FAILURE = re.compile(r"node fail|NODE_FAIL|DUE TO NODE FAILURE", re.IGNORECASE)
+# What a rank raises when a peer it exchanges tensors with is gone (gloo, NCCL, the c10d
+# store): the peer is the cause, not this rank.
+_PEER_LOST = re.compile(
+    r"closed by peer|reset by peer|remote worker|remote process|Broken pipe", re.IGNORECASE
+)
+# srun's line for a task that ended: "srun: error: node2: task 1: Exited with exit code 1".
+_SRUN_TASK_END = re.compile(r"srun: error: ([^\s:]+): tasks? [\d,-]+: ")
 # An exception line in a log: "RuntimeError: ...", "[rank1]: torch.OutOfMemoryError: ...".
 _EXCEPTION = re.compile(
     r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt)): (.+)$"
@@ -113,13 +120,33 @@ def is_permanent(outcome: Outcome) -> bool:
     return outcome.permanent or outcome.reason.startswith("the same error twice: ")
 
 
-def from_exit_reports(reports: Sequence[Mapping], previous: Mapping | None) -> Outcome | None:
+def _short(host) -> str:
+    return str(host).split(".")[0]  # srun names nodes as Slurm does, hostnames may be FQDNs
+
+
+def silent_hosts(reports: Sequence[Mapping], beats: Sequence[Mapping], tail: str) -> list[str]:
+    """Hosts that went away: none of their ranks wrote an exit report and srun saw none of
+    their tasks end (a killed process still ends its srun task; a failed node does not)."""
+    ended = {_short(host) for host in _SRUN_TASK_END.findall(tail)}
+    spoke = ended | {_short(r.get("host")) for r in reports}
+    return sorted({_short(b["host"]) for b in beats if b.get("host")} - spoke)
+
+
+def from_exit_reports(
+    reports: Sequence[Mapping], previous: Mapping | None, beats: Sequence[Mapping] = (), tail=""
+) -> Outcome | None:
     """The class from the trainers' exit reports (train/heartbeat.py), the earliest first:
-    the rank that failed first is the cause, the others often fail because of it."""
+    the rank that failed first is the cause, the others often fail because of it. When that
+    rank only lost a peer, and the hosts of some ranks went silent (beats: their heartbeats;
+    tail: the end of the train log), those hosts failed: Slurm may take minutes to say so."""
     if not reports:
         return None
     first = min(reports, key=lambda r: r.get("time", 0))
     what = f"rank {first.get('rank')}: {first.get('type')}: {first.get('message', '')}"
+    lost = silent_hosts(reports, beats, tail) if _PEER_LOST.search(what) else []
+    if lost:
+        why = f"{', '.join(lost)} went silent: no exit report from its ranks, no end from srun"
+        return Outcome("node_failure", one_line(f"{why} ({what})"), EXIT_FAILED)
     if first.get("kind") == "oom":
         return Outcome("oom", f"out of memory ({what}); {OOM_HINT}", EXIT_USER_ERROR)
     if first.get("kind") == "user_error":
@@ -134,11 +161,9 @@ def _node_failure_line(tail: str) -> str | None:
 
 
 def from_log(tail: str, code: int | None, previous: Mapping | None) -> Outcome:
-    """The class when no trainer wrote an exit report: the end of the train log decides."""
+    """The class when no trainer wrote an exit report and no node failed: the end of the
+    train log decides."""
     lines = [line.strip() for line in tail.splitlines() if line.strip()]
-    node_failure = _node_failure_line(tail)
-    if node_failure is not None:
-        return Outcome("node_failure", node_failure, EXIT_FAILED)
     for line in reversed(lines):
         if line.startswith("error: "):  # a user error, as the trainer prints it (entry.py)
             return Outcome("user_error", line.removeprefix("error: "), EXIT_USER_ERROR)
@@ -179,21 +204,25 @@ def classify(output_dir, watched, stop, previous: Mapping | None, train_log) -> 
     watched: launch/watchdog.py Watched.
     """
     from maxent_grpo.train.checkpoints import run_is_complete
-    from maxent_grpo.train.heartbeat import read_exit_reports
+    from maxent_grpo.train.heartbeat import read_exit_reports, read_heartbeats
 
     if run_is_complete(output_dir):
         return Outcome("completed", "training complete", 0)
     if watched.hang is not None:
         return Outcome("hang", one_line(watched.hang.reason), EXIT_FAILED)
+    tail = log_tail(train_log)
+    node_failure = _node_failure_line(tail)  # srun or Slurm: a node of the job failed
     if stop is not None:
         found = stop_outcome(*stop)
-        node_failure = _node_failure_line(log_tail(train_log))  # srun: a node of the job failed
         if node_failure is not None:  # the stop was Slurm ending the job because of it
             return Outcome("node_failure", node_failure, found.code, found.requeued_by_slurm)
         return found
     if watched.server_died is not None:
         return crash_outcome(watched.server_died.splitlines()[0], previous)
-    found = from_exit_reports(read_exit_reports(output_dir), previous)
+    if node_failure is not None:  # the ranks' errors follow from it
+        return Outcome("node_failure", node_failure, EXIT_FAILED)
+    reports, beats = read_exit_reports(output_dir), read_heartbeats(output_dir)
+    found = from_exit_reports(reports, previous, beats, tail)
     if found is not None:
         return found
-    return from_log(log_tail(train_log), watched.code, previous)
+    return from_log(tail, watched.code, previous)

@@ -214,12 +214,24 @@ def clear_heartbeats(output_dir: str | os.PathLike) -> None:
     shutil.rmtree(heartbeat_dir(output_dir), ignore_errors=True)
 
 
-def read_exit_reports(output_dir: str | os.PathLike) -> list[dict]:
-    """The exit reports of this attempt's training processes (Heartbeat.report_exit)."""
-    reports = []
-    for path in sorted(heartbeat_dir(output_dir).glob("rank-*.exit.json")):
+def _read_all(output_dir: str | os.PathLike, suffix: str) -> list[dict]:
+    """Every rank-N<suffix> file of this attempt, read as JSON (unreadable ones skipped)."""
+    found = []
+    for path in sorted(heartbeat_dir(output_dir).glob(f"rank-*{suffix}")):
+        if not path.name.removeprefix("rank-").removesuffix(suffix).isdigit():
+            continue
         try:
-            reports.append(json.loads(path.read_text()))
+            found.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    return reports
+    return found
+
+
+def read_exit_reports(output_dir: str | os.PathLike) -> list[dict]:
+    """The exit reports of this attempt's training processes (Heartbeat.report_exit)."""
+    return _read_all(output_dir, ".exit.json")
+
+
+def read_heartbeats(output_dir: str | os.PathLike) -> list[dict]:
+    """The last heartbeat of each of this attempt's training processes (rank, host, phase)."""
+    return _read_all(output_dir, ".json")
