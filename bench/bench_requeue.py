@@ -296,8 +296,9 @@ def requeue_figures(info: dict) -> list[dict]:
             "s",
             RESTART_TARGET_S,
             note=f"new attempt's train log after {info['restart_to_attempt_log_s']:.2f} s "
-            "(launcher start, parse, preflight, plan); target: 8 s beyond model load, the "
-            "tiny model's load (< 0.3 s) not added",
+            "(launcher start, parse, preflight, plan); "
+            f"target: {RESTART_TARGET_S:g} s beyond model load, the tiny model's load "
+            "(< 0.3 s) not added",
         ),
         figure(
             "requeue: completed steps lost",

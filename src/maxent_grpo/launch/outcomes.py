@@ -133,7 +133,10 @@ def silent_hosts(reports: Sequence[Mapping], beats: Sequence[Mapping], tail: str
 
 
 def from_exit_reports(
-    reports: Sequence[Mapping], previous: Mapping | None, beats: Sequence[Mapping] = (), tail=""
+    reports: Sequence[Mapping],
+    previous: Mapping | None,
+    beats: Sequence[Mapping] = (),
+    tail: str = "",
 ) -> Outcome | None:
     """The class from the trainers' exit reports (train/heartbeat.py), the earliest first:
     the rank that failed first is the cause, the others often fail because of it. When that

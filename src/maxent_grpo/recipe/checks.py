@@ -187,7 +187,9 @@ def check_model_path(model_name_or_path: str | None) -> None:
         raise ConfigError("model_name_or_path: not set; give a local model directory or a hub id")
     if _looks_local(model_name_or_path):
         path = Path(model_name_or_path).expanduser()
-        if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        if (path / "config.json").is_file():
+            return
+        if (path / "adapter_config.json").is_file():
             # A LoRA run's output: the vLLM server cannot load it and our LoRA path expects a
             # full base model, so it is refused here rather than at model load on the GPUs.
             raise ConfigError(
@@ -196,11 +198,10 @@ def check_model_path(model_name_or_path: str | None) -> None:
                 "(peft: AutoPeftModelForCausalLM.from_pretrained(dir).merge_and_unload()"
                 ".save_pretrained(out)) and give that directory"
             )
-        if not (path / "config.json").is_file():
-            raise ConfigError(
-                f"model_name_or_path: {model_name_or_path!r} is not a model directory "
-                "(no config.json); fix the path or use a hub id"
-            )
+        raise ConfigError(
+            f"model_name_or_path: {model_name_or_path!r} is not a model directory "
+            "(no config.json); fix the path or use a hub id"
+        )
 
 
 def check_server_wait(values) -> None:
