@@ -8,6 +8,8 @@ import json
 import os
 import time
 
+import pytest
+
 from maxent_grpo.launch.outcomes import (
     crash_outcome,
     from_exit_reports,
@@ -88,6 +90,7 @@ def test_a_rank_that_lost_its_peer_names_the_host_that_went_silent():
     found = from_exit_reports([lost], None, beats, f"Traceback\n{SRUN_END}\n")
     assert found.kind == "node_failure" and not is_permanent(found), found
     assert found.reason.startswith("node2 went silent") and "rank 0: RuntimeError" in found.reason
+    assert found.silent_hosts == ("node2",)  # what the launcher waits for Slurm to mark down
     # node2's tasks ended (a process was killed there, its node is alive): a crash of rank 0's
     killed = f"{SRUN_END}\nsrun: error: node2: tasks 1-2: Killed"
     assert from_exit_reports([lost], None, beats, killed).kind == "crash"
@@ -209,3 +212,29 @@ def test_runs_shows_class_reason_and_attempts_per_class():
     run = RunInfo(run="r", reason=detail, outcome="preempted", attempts=3)
     run.outcomes = {"preempted": 2, "hang": 1}
     assert detail_text(run) == "preempted: SIGTERM received (attempts: 2 preempted, 1 hang)"
+
+
+def test_after_a_node_loss_the_launcher_waits_for_slurm_to_requeue_within_its_timeout():
+    from maxent_grpo.launch.slurm import node_down_wait_s, slurm_verdict
+
+    # Slurm pings every SlurmdTimeout/3: one round and 30 s of messages beyond the timeout
+    assert node_down_wait_s(300) == 430 and node_down_wait_s(20) == pytest.approx(56.67, 0.01)
+    assert node_down_wait_s(0) == 0  # SlurmdTimeout=0: Slurm never marks a silent node down
+    running = {"JobState": "RUNNING", "Restarts": "2"}
+    assert slurm_verdict(running, 2) is None and slurm_verdict(None, 2) is None
+    # what `scontrol show job` said once Slurm had marked node2 down (test cluster, 22.05)
+    assert slurm_verdict({"JobState": "COMPLETING", "Restarts": "3"}, 2) == "requeued"
+    assert slurm_verdict({"JobState": "PENDING", "Restarts": "3"}, 2) == "requeued"
+    ended = slurm_verdict({"JobState": "CANCELLED", "Restarts": "2"}, 2)
+    assert ended == "ended the job (CANCELLED)"  # scancel: never requeued behind the user
+
+
+def test_crash_grace_comes_from_the_environment_or_one_clear_line():
+    from maxent_grpo.errors import UserError
+    from maxent_grpo.launch.watchdog import CRASH_GRACE_S, crash_grace_s
+
+    assert crash_grace_s({}) == CRASH_GRACE_S == 30
+    assert crash_grace_s({"MAXENT_GRPO_CRASH_GRACE_S": "7.5"}) == 7.5
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        with pytest.raises(UserError, match=f"MAXENT_GRPO_CRASH_GRACE_S='{bad}' is not a"):
+            crash_grace_s({"MAXENT_GRPO_CRASH_GRACE_S": bad})

@@ -201,10 +201,10 @@ class SlurmCluster:
         return proc.stdout.strip()
 
     def node_record(self, node: str) -> dict[str, str]:
-        """``scontrol show node -o NODE`` as a dict (NodeAddr, CPUTot, State, ...)."""
+        """``scontrol -d show node -o NODE`` as a dict (NodeAddr, CPUTot, State, GresUsed, ...)."""
         (record,) = (
             _parse_job_record(line)
-            for line in self.run(["scontrol", "show", "node", "-o", node]).stdout.splitlines()
+            for line in self.run(["scontrol", "-d", "show", "node", "-o", node]).stdout.splitlines()
         )
         return record
 

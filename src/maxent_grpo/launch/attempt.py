@@ -30,12 +30,21 @@ from maxent_grpo.launch.processes import Child
 from maxent_grpo.launch.server import ServerWaitCancelled, launch_server
 from maxent_grpo.launch.slurm import (
     job_record,
+    node_down_wait_s,
     requeue,
     should_requeue,
     slurm_job,
+    slurm_verdict,
+    slurmd_timeout,
     user_error_marker,
 )
-from maxent_grpo.launch.watchdog import Watchdog, Watched, stop_hung, watch_training
+from maxent_grpo.launch.watchdog import (
+    Watchdog,
+    Watched,
+    crash_grace_s,
+    stop_hung,
+    watch_training,
+)
 from maxent_grpo.runs.events import emit
 from maxent_grpo.train.checkpoints import (
     clear_stop_request,
@@ -108,6 +117,10 @@ class _Signals:
 
     def _handle(self, signum, _frame):
         name = signal.Signals(signum).name
+        if self.attempt.finishing:  # training is over: nothing to checkpoint or stop
+            print(f"{name} received after training ended", flush=True)
+            self.attempt.late_signal = signum
+            return
         if self.attempt.stop_reason is not None and signum != signal.SIGUSR1:
             print(f"{name} again: stopping everything now", flush=True)
             self.attempt.abort()
@@ -133,10 +146,12 @@ class Attempt:
         self.request = request
         self.environ = environ
         self.requeue_on_stop = requeue_on_stop
-        self.requeued = False  # this attempt's `scontrol requeue` was accepted
+        self.requeued = False  # the job runs again: Slurm requeued it, or accepted our requeue
         self.job = slurm_job(environ)
         self.stop_reason: str | None = None
         self.stop_signal: int | None = None
+        self.finishing = False  # training is over; the outcome is being recorded
+        self.late_signal: int | None = None  # a stop signal that came while finishing
         self.output_dir: Path | None = None
         self.trainer: Child | None = None
         self.server = None
@@ -282,6 +297,7 @@ class Attempt:
         environ = {**self.environ, **recipe.env}
         if self.stop_reason is not None:  # asked to stop before anything started
             return Watched(None)
+        crash_grace = crash_grace_s(environ)  # a bad value stops here, before any process
         if plan.server is not None:
             server_log = log_path(self.request.logs_dir, run_name, "vllm", self.environ)
             # PYTHONFAULTHANDLER: a hang's SIGABRT prints the server's stacks (watchdog.py).
@@ -300,7 +316,11 @@ class Attempt:
         )
         self.trainer = Child("train", plan.train.command, train_log, env=env, echo=True)
         return watch_training(
-            self.trainer, self.server, watchdog, cancelled=lambda: self.stop_signal
+            self.trainer,
+            self.server,
+            watchdog,
+            cancelled=lambda: self.stop_signal,
+            crash_grace=crash_grace,
         )
 
     def _end_processes(self, watched: Watched, train_log: Path) -> None:
@@ -326,6 +346,7 @@ class Attempt:
 
     def _finish(self, outcome: Outcome, max_requeues: int, marker: Path | None) -> int:
         """Record the outcome; requeue a transient one under Slurm; remember a permanent one."""
+        self.finishing = True
         if outcome.kind == "completed":
             print(f"model: {self.output_dir}")
             self._emit_outcome(outcome.kind, outcome.reason, 0)
@@ -355,9 +376,7 @@ class Attempt:
     def _requeue(self, outcome: Outcome, max_requeues: int) -> None:
         """Requeue this job under Slurm when allowed, recording the outcome first."""
         if outcome.requeued_by_slurm:  # (a preemption with PreemptMode=REQUEUE)
-            target = self.job.requeue_target
-            print(f"Slurm requeued {target} itself; it resumes from the last checkpoint")
-            self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
+            self._requeued_by_slurm(outcome)
             return
         ok, why = should_requeue(self.job, max_requeues)
         if not ok:
@@ -367,6 +386,14 @@ class Attempt:
         target = self.job.requeue_target
         # Said and recorded first: Slurm may stop this process once the requeue is accepted.
         self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
+        verdict = self._await_node_down(outcome.silent_hosts) if outcome.silent_hosts else None
+        if verdict == "requeued":
+            self._requeued_by_slurm(outcome)
+            return
+        if verdict is not None:  # Slurm ended the job (scancel, NODE_FAIL without --requeue)
+            print(f"not requeued: Slurm {verdict}", flush=True)
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+            return
         print(f"requeueing {target}", flush=True)
         result = requeue(self.job)
         self.requeued = result.returncode == 0
@@ -374,6 +401,32 @@ class Attempt:
             print(f"error: scontrol requeue failed: {result.stderr.strip()}", flush=True)
             # The reader takes an attempt's last outcome: this one says "not requeued".
             self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+
+    def _requeued_by_slurm(self, outcome: Outcome) -> None:
+        target = self.job.requeue_target
+        print(f"Slurm requeued {target} itself; it resumes from the last checkpoint", flush=True)
+        self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
+        self.requeued = True
+
+    def _await_node_down(self, hosts: tuple[str, ...], poll: float = 2.0) -> str | None:
+        """Wait until Slurm has marked the silent hosts DOWN, which requeues or ends the job
+        (slurm_verdict), at most node_down_wait_s of its SlurmdTimeout: a requeue of ours
+        before that breaks the job's GPU records (launch/slurm.py). None: Slurm did nothing
+        in that time (or the time limit's warning came), so this launcher requeues."""
+        limit = node_down_wait_s(slurmd_timeout())
+        names = ", ".join(hosts)
+        print(f"waiting up to {limit:.0f}s for Slurm to mark {names} down and requeue the job")
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and self.late_signal != signal.SIGUSR1:
+            verdict = slurm_verdict(job_record(self.job), self.job.restart_count)
+            if verdict is not None:
+                return verdict
+            time.sleep(poll)
+        if self.late_signal == signal.SIGUSR1:
+            print("the time limit is near: requeueing now", flush=True)
+        else:
+            print(f"Slurm did not mark {names} down in {limit:.0f}s: requeueing", flush=True)
+        return None
 
 
 def run_attempt(request: RunRequest, environ=os.environ, early_signals=()) -> int:

@@ -57,6 +57,7 @@ class Outcome:
     reason: str  # one line
     code: int  # the launcher's exit code
     requeued_by_slurm: bool = False  # Slurm already requeued the job (preemption, REQUEUE)
+    silent_hosts: tuple[str, ...] = ()  # nodes that went away before Slurm said so
 
     @property
     def permanent(self) -> bool:
@@ -149,7 +150,8 @@ def from_exit_reports(
     lost = silent_hosts(reports, beats, tail) if _PEER_LOST.search(what) else []
     if lost:
         why = f"{', '.join(lost)} went silent: no exit report from its ranks, no end from srun"
-        return Outcome("node_failure", one_line(f"{why} ({what})"), EXIT_FAILED)
+        reason = one_line(f"{why} ({what})")
+        return Outcome("node_failure", reason, EXIT_FAILED, silent_hosts=tuple(lost))
     if first.get("kind") == "oom":
         return Outcome("oom", f"out of memory ({what}); {OOM_HINT}", EXIT_USER_ERROR)
     if first.get("kind") == "user_error":

@@ -1,12 +1,23 @@
-"""Slurm decisions (pure, from the environment) and the two Slurm effects we need.
+"""Slurm decisions (pure, from the environment and Slurm's records) and the Slurm effects we
+need (`scontrol requeue`, `show job`, `show config`).
 
 Requeue: `scontrol requeue` of this job, or of this array task (JOBID_TASKID). Array retries:
 a user error found by one task is remembered in logs/ so later tasks exit at once with the
 same message instead of burning their attempts.
+
+A node that went silent: a job requeued while one of its nodes is silent but not yet DOWN
+stays COMPLETING until Slurm marks that node DOWN, and Slurm 22.05 then starts it again with
+its GPU (gres) records broken: srun cannot create a step ("Invalid generic resource (gres)
+specification"), and the GPUs of the job's healthy nodes stay counted as allocated after it
+ends (`scontrol -d show node`: GresUsed), so the requeued job pends on "Resources" for good.
+Measured on the test cluster (tests/slurm/test_multinode_runs.py). So after a node loss the
+launcher leaves the requeue to Slurm: it waits for Slurm to mark the node DOWN, which requeues
+the job itself (`--requeue`), and requeues it only if Slurm has not within its SlurmdTimeout.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,6 +68,40 @@ def requeue(job: SlurmJob) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["scontrol", "requeue", job.requeue_target], capture_output=True, text=True, timeout=60
     )
+
+
+# SlurmdTimeout's default (man slurm.conf), for when `scontrol show config` does not answer.
+DEFAULT_SLURMD_TIMEOUT_S = 300
+
+
+def slurmd_timeout(timeout: float = 10.0) -> int:
+    """SlurmdTimeout: how long a node may be silent before Slurm marks it DOWN (0: never)."""
+    try:
+        result = subprocess.run(
+            ["scontrol", "show", "config"], capture_output=True, text=True, timeout=timeout
+        )
+    except (OSError, subprocess.SubprocessError):
+        return DEFAULT_SLURMD_TIMEOUT_S
+    match = re.search(r"^SlurmdTimeout\s*=\s*(\d+)", result.stdout, re.MULTILINE)
+    return int(match.group(1)) if match else DEFAULT_SLURMD_TIMEOUT_S
+
+
+def node_down_wait_s(slurmd_timeout_s: int) -> float:
+    """How long Slurm may take to mark a silent node DOWN: SlurmdTimeout, one round of its
+    pings (every SlurmdTimeout/3) and 30 s for its messages; 0 when it never does."""
+    return 0.0 if slurmd_timeout_s <= 0 else slurmd_timeout_s * 4 / 3 + 30
+
+
+def slurm_verdict(record: Mapping[str, str] | None, restart_count: int) -> str | None:
+    """What Slurm did with a running job (record: `job_record`): "requeued" (its Restarts went
+    up), "ended the job (STATE)" (it is not running any more), or None (still running, or no
+    answer)."""
+    if record is None:
+        return None
+    if int(record.get("Restarts") or 0) > restart_count:
+        return "requeued"
+    state = record.get("JobState", "")
+    return None if state in ("RUNNING", "") else f"ended the job ({state})"
 
 
 def user_error_marker(logs_dir: Path, job: SlurmJob | None) -> Path | None:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from maxent_grpo.errors import UserError
 from maxent_grpo.launch.server import ServerError, ServerWaitCancelled, probe
 from maxent_grpo.train.heartbeat import DUMP_SIGNAL, read_exit_reports, stacks_path
 
@@ -295,8 +296,26 @@ def dump_server_stacks(pids: list[int], log: Path, note: Callable[[str], None]) 
 # The trainers' grace after SIGTERM when the server's start-up failed or was cancelled.
 STARTUP_STOP_GRACE_S = 3.0
 # After a trainer reported its exception, the others get this long to exit by themselves
-# (torchrun's agent stops them) before the launcher stops them.
+# (torchrun's agent stops them) before the launcher stops them; the environment may change it.
 CRASH_GRACE_S = 30.0
+CRASH_GRACE_ENV = "MAXENT_GRPO_CRASH_GRACE_S"
+
+
+def crash_grace_s(environ) -> float:
+    """CRASH_GRACE_S, or MAXENT_GRPO_CRASH_GRACE_S when set (seconds > 0)."""
+    value = environ.get(CRASH_GRACE_ENV)
+    if value is None:
+        return CRASH_GRACE_S
+    try:
+        grace = float(value)
+    except ValueError:
+        grace = 0.0
+    if not 0 < grace < float("inf"):
+        raise UserError(
+            f"environment: {CRASH_GRACE_ENV}={value!r} is not a number of seconds > 0; "
+            f"set e.g. {CRASH_GRACE_ENV}=60, or unset it for {CRASH_GRACE_S:g}"
+        )
+    return grace
 
 
 @dataclass(frozen=True)
@@ -314,6 +333,7 @@ def watch_training(
     watchdog: Watchdog | None,
     poll: float = 1.0,
     cancelled: Callable[[], int | None] = lambda: None,
+    crash_grace: float = CRASH_GRACE_S,
 ) -> Watched:
     """Wait for training to exit, watching the server's start-up, hangs, a dead server and
     crashed ranks.
@@ -324,7 +344,7 @@ def watch_training(
     within vllm_server_timeout stops training and raises ServerError, a stop signal
     (`cancelled()`) stops training and raises ServerWaitCancelled. After that, a dead server
     stops training at once (it cannot generate without it); a hang returns at once (the caller
-    dumps stacks and stops everything); ranks that outlive a crashed one CRASH_GRACE_S are
+    dumps stacks and stops everything); ranks that outlive a crashed one `crash_grace` s are
     stopped.
     """
     crashed_at = None
@@ -347,7 +367,7 @@ def watch_training(
                 return Watched(None, hang=hang)
             if crashed_at is None and watchdog.exit_reports():
                 crashed_at = time.monotonic()
-            if crashed_at is not None and time.monotonic() - crashed_at > CRASH_GRACE_S:
+            if crashed_at is not None and time.monotonic() - crashed_at > crash_grace:
                 print("a training process failed and the others did not exit: stopping them")
                 trainer.stop(grace=5)
         trainer.wait_up_to(poll)
