@@ -182,9 +182,12 @@ class SlurmCluster:
                 if time.monotonic() - unknown_since > 5:
                     raise RuntimeError(f"job {job_id} is unknown to slurmctld")
             if time.monotonic() >= deadline:
+                # The nodes too: a job pending on "Resources" beside idle nodes is Slurm's
+                # bookkeeping (GresUsed), not the job.
+                nodes = self.run(["scontrol", "-d", "show", "node", "-o"]).stdout
                 raise TimeoutError(
                     f"job {job_id} not finished after {timeout} s; last state: {states}; "
-                    f"records: {last}"
+                    f"records: {last}; nodes: {nodes}"
                 )
             time.sleep(poll)
 
