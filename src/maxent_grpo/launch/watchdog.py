@@ -253,16 +253,31 @@ def _read_from(path: Path, offset: int) -> str:
         return ""
 
 
-def _wait_for_growth(files: list[tuple[Path, int]], timeout: float = DUMP_WAIT_S) -> None:
-    """Until every file grew past its size and stopped growing for a moment, at most timeout."""
+def _wait_for_growth(
+    files: list[tuple[Path, int]], timeout: float = DUMP_WAIT_S, quiet: float = 1.0
+) -> None:
+    """Until every file grew past its size, ends a line and has not grown for `quiet` s, at
+    most timeout. faulthandler writes a dump in many small writes: on a busy machine a rank
+    just continued from SIGSTOP paused mid-line for longer than 0.2 s, and its dump was cut."""
     deadline = time.monotonic() + timeout
-    last = None
+    last, since = None, time.monotonic()
     while time.monotonic() < deadline:
         sizes = [path.stat().st_size if path.is_file() else 0 for path, _ in files]
-        if all(now > before for now, (_, before) in zip(sizes, files)) and sizes == last:
+        if sizes != last:
+            last, since = sizes, time.monotonic()
+        grown = all(now > before for now, (_, before) in zip(sizes, files))
+        if grown and time.monotonic() - since >= quiet and all(map(_ends_a_line, files)):
             return
-        last = sizes
-        time.sleep(0.2)
+        time.sleep(0.1)
+
+
+def _ends_a_line(file: tuple[Path, int]) -> bool:
+    try:
+        with open(file[0], "rb") as handle:
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) == b"\n"
+    except OSError:
+        return False
 
 
 def dump_server_stacks(pids: list[int], log: Path, note: Callable[[str], None]) -> None:
