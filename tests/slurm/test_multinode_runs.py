@@ -207,6 +207,9 @@ def test_a_killed_training_node_fails_the_attempt_in_bounded_time_and_it_resumes
     assert len(logs) == 2, logs
     assert f"Resuming from {out}/checkpoint-" in logs[1].read_text(errors="replace")
     assert (out / "maxent_grpo_training_complete.json").is_file()
+    # one outcome per attempt: the wait for Slurm records nothing twice
+    outcomes = [e["outcome"] for e in _events(out) if e["event"] == "outcome"]
+    assert outcomes == ["node_failure", "completed"], outcomes
 
 
 def test_submit_on_two_nodes_runs_one_launcher_and_survives_preemption(

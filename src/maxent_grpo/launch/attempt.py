@@ -101,7 +101,8 @@ class _Signals:
 
     The first signal asks for a graceful stop (checkpoint at the next step boundary, then
     requeue); a second SIGTERM or SIGINT stops everything at once. A repeated SIGUSR1 is a
-    no-op: Slurm may deliver its warning more than once.
+    no-op: Slurm may deliver its warning more than once. Once training has ended a signal is
+    only noted (`late_signal`): Slurm requeueing the job, or its time limit's warning.
     """
 
     HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -388,7 +389,7 @@ class Attempt:
         self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
         verdict = self._await_node_down(outcome.silent_hosts) if outcome.silent_hosts else None
         if verdict == "requeued":
-            self._requeued_by_slurm(outcome)
+            self._requeued_by_slurm(outcome, recorded=True)
             return
         if verdict is not None:  # Slurm ended the job (scancel, NODE_FAIL without --requeue)
             print(f"not requeued: Slurm {verdict}", flush=True)
@@ -402,10 +403,11 @@ class Attempt:
             # The reader takes an attempt's last outcome: this one says "not requeued".
             self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
 
-    def _requeued_by_slurm(self, outcome: Outcome) -> None:
+    def _requeued_by_slurm(self, outcome: Outcome, recorded: bool = False) -> None:
         target = self.job.requeue_target
         print(f"Slurm requeued {target} itself; it resumes from the last checkpoint", flush=True)
-        self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
+        if not recorded:  # (the outcome, naming the requeue, is in the event log already)
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
         self.requeued = True
 
     def _await_node_down(self, hosts: tuple[str, ...], poll: float = 2.0) -> str | None:
