@@ -31,8 +31,8 @@ from pathlib import Path
 import yaml
 from benchlib import RESULTS_DIR, ROOT, bench_parser
 
+from maxent_grpo.rundir.checkpoints import last_complete_checkpoint
 from maxent_grpo.tiny_model import build_tiny_model
-from maxent_grpo.train.checkpoints import last_complete_checkpoint
 
 RESULTS = RESULTS_DIR / "maxent_vs_grpo.json"
 SMOKE_MAXENT = ROOT / "recipes" / "smoke" / "config_maxent.yaml"

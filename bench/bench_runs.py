@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from maxent_grpo.runs.events import emit, events_path
+from maxent_grpo.rundir.events import emit, events_path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "runs.json"

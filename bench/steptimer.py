@@ -145,7 +145,7 @@ def _time_reward_guard() -> None:
 def _time_heartbeats() -> None:
     """Every heartbeat write (ours only: at each step end and around each generation)."""
     try:
-        from maxent_grpo.train.heartbeat import Heartbeat
+        from maxent_grpo.rundir.heartbeat import Heartbeat
     except ImportError:
         return
     Heartbeat.beat = _timed(Heartbeat.beat, _RECORD["heartbeat_s"])

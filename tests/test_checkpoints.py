@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from maxent_grpo.train.checkpoints import (
+from maxent_grpo.rundir.checkpoints import (
     CHECKPOINT_MARKER,
     Checkpoint,
     checkpoints_to_delete,

@@ -23,16 +23,17 @@ from helpers.recipes import write_recipe
 from maxent_grpo import cli
 from maxent_grpo.data import builtin_dataset, to_conversation
 from maxent_grpo.errors import ConfigError
-from maxent_grpo.evaluate import ledger, schedule
+from maxent_grpo.evaluate import schedule
 from maxent_grpo.evaluate.benchmarks import BUILTIN_BENCHMARKS, Benchmark, parse_benchmarks
 from maxent_grpo.evaluate.data import held_out_rows
 from maxent_grpo.evaluate.run import score_completions
 from maxent_grpo.evaluate.scoring import pass_at_k, score_rewards
 from maxent_grpo.rewards import get_reward_funcs
+from maxent_grpo.rundir import ledger
+from maxent_grpo.rundir.checkpoints import CHECKPOINT_MARKER
+from maxent_grpo.rundir.events import emit, read_events
 from maxent_grpo.runs import collect_runs, format_table
-from maxent_grpo.runs.events import emit, read_events
 from maxent_grpo.runs.plot import plot_run
-from maxent_grpo.train.checkpoints import CHECKPOINT_MARKER
 
 # ------------------------------------------------------------------ scores, worked by hand
 

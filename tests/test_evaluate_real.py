@@ -12,8 +12,8 @@ import pytest
 
 from helpers.recipes import write_recipe
 from helpers.runs import REPO, run
+from maxent_grpo.rundir.events import read_events
 from maxent_grpo.runs import collect_runs
-from maxent_grpo.runs.events import read_events
 
 pytestmark = pytest.mark.integration
 MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from helpers.recipes import SMOKE_MAXENT, write_recipe
+from maxent_grpo.rundir.checkpoints import RUN_MARKER, last_complete_checkpoint
 from maxent_grpo.tiny_model import build_tiny_model
-from maxent_grpo.train.checkpoints import RUN_MARKER, last_complete_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE_RECIPE = ROOT / "recipes" / "smoke" / "config_maxent.yaml"

@@ -13,7 +13,7 @@ import pytest
 from helpers.recipes import write_recipe
 from helpers.runs import PYTHON, REPO, run, step_logs
 from maxent_grpo.errors import EXIT_CHECKPOINTED
-from maxent_grpo.train.checkpoints import clear_stop_request, last_complete_checkpoint
+from maxent_grpo.rundir.checkpoints import clear_stop_request, last_complete_checkpoint
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("peft", reason="needs the peft extra: MAXENT_GRPO_EXTRAS=peft")

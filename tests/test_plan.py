@@ -482,7 +482,7 @@ def test_a_user_error_is_recorded_in_the_run_it_names(tmp_path):
     from maxent_grpo.errors import UserError
     from maxent_grpo.launch.attempt import Attempt
     from maxent_grpo.launch.launcher import RunRequest
-    from maxent_grpo.runs.events import read_events
+    from maxent_grpo.rundir.events import read_events
 
     path = write_recipe(tmp_path, num_generation=4)  # typo: unknown key
     attempt = Attempt(RunRequest(str(path), logs_dir=tmp_path / "logs"), environ={})

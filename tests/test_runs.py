@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from helpers.runs import REPO
+from maxent_grpo.rundir import events as events_module
+from maxent_grpo.rundir.checkpoints import CHECKPOINT_MARKER, RUN_MARKER, request_stop
+from maxent_grpo.rundir.events import EVENTS_FILE, emit, events_path, read_events, read_sparse
 from maxent_grpo.runs import KILLED, NO_EVENTS, collect_runs, format_table
-from maxent_grpo.runs import events as events_module
-from maxent_grpo.runs.events import EVENTS_FILE, emit, events_path, read_events, read_sparse
 from maxent_grpo.runs.plot import history_from_events
 from maxent_grpo.runs.sources import RunLog, open_run_logs, parse_log_name, read_trainer_state
 from maxent_grpo.runs.state import Attempt, decide_state, resume_points
 from maxent_grpo.runs.table import Processes
-from maxent_grpo.train.checkpoints import CHECKPOINT_MARKER, RUN_MARKER, request_stop
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HOST = socket.gethostname()

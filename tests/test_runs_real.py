@@ -16,10 +16,10 @@ import pytest
 
 from helpers.procs import wait_for
 from helpers.runs import PYTHON, REPO, child_env, log_history, run, write_recipe
+from maxent_grpo.rundir.checkpoints import CHECKPOINT_MARKER, request_stop
+from maxent_grpo.rundir.events import read_events
 from maxent_grpo.runs import KILLED, collect_runs
-from maxent_grpo.runs.events import read_events
 from maxent_grpo.runs.state import resume_points
-from maxent_grpo.train.checkpoints import CHECKPOINT_MARKER, request_stop
 
 SMOKE = REPO / "recipes" / "smoke" / "config_grpo.yaml"
 SMOKE_MAXENT = REPO / "recipes" / "smoke" / "config_maxent.yaml"

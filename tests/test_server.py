@@ -27,7 +27,7 @@ from maxent_grpo.launch.server import (
     probe,
 )
 from maxent_grpo.launch.watchdog import Watchdog, watch_training
-from maxent_grpo.train.heartbeat import Heartbeat
+from maxent_grpo.rundir.heartbeat import Heartbeat
 
 PY = sys.executable
 

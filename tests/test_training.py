@@ -8,7 +8,7 @@ import pytest
 
 from helpers.recipes import SMOKE, write_recipe
 from helpers.runs import PYTHON, REPO, run, step_logs
-from maxent_grpo.train.checkpoints import (
+from maxent_grpo.rundir.checkpoints import (
     CHECKPOINT_MARKER,
     last_complete_checkpoint,
     run_is_complete,

@@ -15,7 +15,7 @@ from helpers.recipes import write_recipe
 from helpers.runs import PYTHON, REPO, run
 from helpers.wandb_files import history, run_id
 from maxent_grpo.errors import EXIT_CHECKPOINTED
-from maxent_grpo.train.checkpoints import clear_stop_request, last_complete_checkpoint
+from maxent_grpo.rundir.checkpoints import clear_stop_request, last_complete_checkpoint
 from maxent_grpo.train.wandb_run import (
     RUN_ID_FILE,
     export_wandb_run,

@@ -1,6 +1,6 @@
 """A reward that asks its run to stop at a given step (loaded as module:function).
 
-What a Slurm time-limit signal makes the launcher do (train/checkpoints.py request_stop: the
+What a Slurm time-limit signal makes the launcher do (rundir/checkpoints.py request_stop: the
 stop file), at a known step: the trainer saves a complete checkpoint at the end of step
 MAXENT_GRPO_TEST_STOP_AT and exits for a requeue. The output dir is MAXENT_GRPO_TEST_STOP_DIR.
 Scores 0 for every completion: give it weight 0 beside a real reward.
@@ -8,7 +8,7 @@ Scores 0 for every completion: give it weight 0 beside a real reward.
 
 import os
 
-from maxent_grpo.train.checkpoints import request_stop
+from maxent_grpo.rundir.checkpoints import request_stop
 
 
 def stop_at_step(completions, trainer_state=None, **kwargs):

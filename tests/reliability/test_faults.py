@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from helpers.recipes import write_recipe
 from helpers.runs import PYTHON, REPO, run, step_logs
-from maxent_grpo.train.checkpoints import CHECKPOINT_MARKER, list_checkpoints, run_is_complete
+from maxent_grpo.rundir.checkpoints import CHECKPOINT_MARKER, list_checkpoints, run_is_complete
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import pytest
 from helpers.launched import Launched, outcomes, steps
 from helpers.procs import wait_until_gone
 from helpers.recipes import write_recipe
-from maxent_grpo.train.checkpoints import last_complete_checkpoint, list_checkpoints
+from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, list_checkpoints
 
 pytestmark = pytest.mark.integration
 

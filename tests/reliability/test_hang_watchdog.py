@@ -22,8 +22,8 @@ from helpers.launched import Launched, outcomes
 from helpers.procs import wait_until_gone
 from helpers.recipes import write_recipe
 from helpers.runs import REPO
-from maxent_grpo.train.checkpoints import last_complete_checkpoint
-from maxent_grpo.train.heartbeat import heartbeat_dir
+from maxent_grpo.rundir.checkpoints import last_complete_checkpoint
+from maxent_grpo.rundir.heartbeat import heartbeat_dir
 
 pytestmark = pytest.mark.integration
 

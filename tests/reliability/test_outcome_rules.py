@@ -24,9 +24,9 @@ from maxent_grpo.launch.watchdog import (
     Watchdog,
     limit_for,
 )
+from maxent_grpo.rundir.heartbeat import Heartbeat, exit_kind
 from maxent_grpo.runs.state import Attempt, decide_state
 from maxent_grpo.runs.table import RunInfo, detail_text
-from maxent_grpo.train.heartbeat import Heartbeat, exit_kind
 
 
 def test_stop_classes_from_the_signal_and_slurms_record_of_the_job():

@@ -18,7 +18,7 @@ import pytest
 from helpers.procs import wait_until_gone
 from helpers.recipes import write_recipe
 from helpers.runs import REPO, child_env
-from maxent_grpo.train.checkpoints import last_complete_checkpoint, run_is_complete
+from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
 
 pytestmark = pytest.mark.integration
 MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from helpers.procs import wait_for
 from helpers.recipes import write_recipe
-from maxent_grpo.evaluate import ledger
-from maxent_grpo.runs.events import read_events
+from maxent_grpo.rundir import ledger
+from maxent_grpo.rundir.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 MAXENT_GRPO = str(Path(sys.executable).parent / "maxent-grpo")

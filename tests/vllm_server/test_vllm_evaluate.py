@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from helpers.recipes import write_recipe
-from maxent_grpo.runs.events import read_events
+from maxent_grpo.rundir.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ import pytest
 from helpers.procs import wait_until_gone
 from helpers.recipes import SMOKE_VLLM, write_recipe
 from helpers.runs import REPO, child_env, log_history
-from maxent_grpo.train.checkpoints import run_is_complete
+from maxent_grpo.rundir.checkpoints import run_is_complete
 
 pytestmark = pytest.mark.vllm
 

@@ -13,7 +13,7 @@ import pytest
 from helpers.recipes import SMOKE_VLLM, write_recipe
 from helpers.runs import run, step_logs
 from maxent_grpo.errors import EXIT_CHECKPOINTED
-from maxent_grpo.train.checkpoints import last_complete_checkpoint, run_is_complete
+from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("peft", reason="needs the peft extra: MAXENT_GRPO_EXTRAS=peft")

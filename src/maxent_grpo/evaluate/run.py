@@ -20,10 +20,10 @@ from typing import Any
 
 from maxent_grpo.errors import UserError
 from maxent_grpo.evaluate.benchmarks import Benchmark
-from maxent_grpo.evaluate.ledger import missing
 from maxent_grpo.evaluate.scoring import score_rewards
-from maxent_grpo.runs.events import emit, read_events
-from maxent_grpo.train.checkpoints import CHECKPOINT_MARKER
+from maxent_grpo.rundir.checkpoints import CHECKPOINT_MARKER
+from maxent_grpo.rundir.events import emit, read_events
+from maxent_grpo.rundir.ledger import missing
 
 logger = logging.getLogger("maxent_grpo.evaluate")
 SAMPLES_DIR = "eval"  # <output_dir>/eval/<benchmark>/step-<N>.jsonl: every completion, scored

@@ -8,7 +8,7 @@ evaluations one at a time, in order, and a failed one does not cancel the next (
 would). benchmark_mode inline (the default elsewhere): the main process evaluates the due
 checkpoints that are still there and the final model in-process, after the final save.
 
-Every decision reads the event log first (evaluate/ledger.py), so a requeued job queues no
+Every decision reads the event log first (rundir/ledger.py), so a requeued job queues no
 evaluation twice; a failure here is an `eval_fail` event and a log line, never a training
 failure.
 """
@@ -23,8 +23,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from maxent_grpo.evaluate.ledger import due_steps, missing
-from maxent_grpo.runs.events import emit, read_events
+from maxent_grpo.rundir.events import emit, read_events
+from maxent_grpo.rundir.ledger import due_steps, missing
 
 logger = logging.getLogger("maxent_grpo.evaluate")
 EVAL_SBATCH = Path(__file__).resolve().parents[3] / "slurm" / "eval.sbatch"
@@ -172,10 +172,10 @@ def evaluate_inline(recipe) -> None:
 
 
 def _beats(recipe):
-    """The trainer's heartbeat (train/heartbeat.py), beaten while an inline evaluation
+    """The trainer's heartbeat (rundir/heartbeat.py), beaten while an inline evaluation
     generates: the launcher's hang watchdog sees it progressing."""
     try:
-        from maxent_grpo.train.heartbeat import Heartbeat
+        from maxent_grpo.rundir.heartbeat import Heartbeat
 
         heartbeat = Heartbeat(recipe.output_dir)
     except Exception:  # noqa: BLE001 - no heartbeat, no beats

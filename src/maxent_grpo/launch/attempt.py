@@ -3,7 +3,7 @@
 training.sh (local or under sbatch), the submitit launcher and `maxent-grpo run` all run one
 `Attempt` of a request prepared by launch/launcher.py. Effects live here (processes, signals,
 files, the run's event log); the outcome rules in launch/outcomes.py, the stop and checkpoint
-files in train/checkpoints.py.
+files in rundir/checkpoints.py.
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ from maxent_grpo.launch.watchdog import (
     stop_hung,
     watch_training,
 )
-from maxent_grpo.runs.events import emit
-from maxent_grpo.train.checkpoints import (
+from maxent_grpo.rundir.checkpoints import (
     clear_stop_request,
     last_complete_checkpoint,
     list_checkpoints,
@@ -55,7 +54,8 @@ from maxent_grpo.train.checkpoints import (
     stop_request_reason,
     stop_requested,
 )
-from maxent_grpo.train.heartbeat import clear_heartbeats, heartbeat_dir
+from maxent_grpo.rundir.events import emit
+from maxent_grpo.rundir.heartbeat import clear_heartbeats, heartbeat_dir
 
 # How long the trainers may take to finish a step and save after a SIGTERM reached every
 # process (Slurm preemption, scancel): torchrun's agent waits this long before it SIGKILLs
@@ -140,7 +140,7 @@ class Attempt:
     requeue_on_stop: after a graceful stop under Slurm, `scontrol requeue` this job (or
     array task). The submitit launcher turns it off for the stops submitit asks for (it
     requeues those by itself).
-    Writes the run's event log (runs/events.py): attempt_start, plan, stop_request, outcome.
+    Writes the run's event log (rundir/events.py): attempt_start, plan, stop_request, outcome.
     """
 
     def __init__(self, request: RunRequest, environ=os.environ, requeue_on_stop: bool = True):

@@ -139,7 +139,7 @@ def from_exit_reports(
     beats: Sequence[Mapping] = (),
     tail: str = "",
 ) -> Outcome | None:
-    """The class from the trainers' exit reports (train/heartbeat.py), the earliest first:
+    """The class from the trainers' exit reports (rundir/heartbeat.py), the earliest first:
     the rank that failed first is the cause, the others often fail because of it. When that
     rank only lost a peer, and the hosts of some ranks went silent (beats: their heartbeats;
     tail: the end of the train log), those hosts failed: Slurm may take minutes to say so."""
@@ -184,7 +184,7 @@ def from_log(tail: str, code: int | None, previous: Mapping | None) -> Outcome:
 
 def previous_outcome(output_dir) -> dict | None:
     """The last outcome event of the run so far (before this attempt's start), or None."""
-    from maxent_grpo.runs.events import read_sparse
+    from maxent_grpo.rundir.events import read_sparse
 
     outcomes = [e for e in read_sparse(output_dir, last_steps=0) if e["event"] == "outcome"]
     return outcomes[-1] if outcomes else None
@@ -208,8 +208,8 @@ def classify(output_dir, watched, stop, previous: Mapping | None, train_log) -> 
 
     watched: launch/watchdog.py Watched.
     """
-    from maxent_grpo.train.checkpoints import run_is_complete
-    from maxent_grpo.train.heartbeat import read_exit_reports, read_heartbeats
+    from maxent_grpo.rundir.checkpoints import run_is_complete
+    from maxent_grpo.rundir.heartbeat import read_exit_reports, read_heartbeats
 
     if run_is_complete(output_dir):
         return Outcome("completed", "training complete", 0)

@@ -1,7 +1,7 @@
 """The hang watchdog: no progress from a trainer, or no answer from the vLLM server, for
 hang_timeout seconds is a hang.
 
-Progress is a rank's heartbeat file changing (train/heartbeat.py); the silence is measured with
+Progress is a rank's heartbeat file changing (rundir/heartbeat.py); the silence is measured with
 the launcher's own clock. The server is asked GET /health (with a request timeout) every few
 seconds while training runs. Silence counts only from the server's first healthy answer: the
 trainers start beside the server and their first generation waits for it (its start-up is
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from maxent_grpo.errors import UserError
 from maxent_grpo.launch.server import ServerError, ServerWaitCancelled, probe
-from maxent_grpo.train.heartbeat import DUMP_SIGNAL, read_exit_reports, stacks_path
+from maxent_grpo.rundir.heartbeat import DUMP_SIGNAL, read_exit_reports, stacks_path
 
 AUTO_FLOOR_S = 600.0
 AUTO_STARTUP_S = 1800.0

@@ -31,7 +31,8 @@ from maxent_grpo.maxent.weights import (
     weight_stats,
     weighted_policy_loss,
 )
-from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin, write_json_atomic
+from maxent_grpo.rundir.checkpoints import write_json_atomic
+from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin
 from maxent_grpo.train.data_order import EpochOrderMixin
 from maxent_grpo.train.vllm_sync import VLLMSyncMixin
 

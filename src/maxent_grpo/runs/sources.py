@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from maxent_grpo.runs.events import EVENTS_FILE
-from maxent_grpo.train.checkpoints import CHECKPOINT_MARKER, RUN_MARKER, STOP_REQUEST
+from maxent_grpo.rundir.checkpoints import CHECKPOINT_MARKER, RUN_MARKER, STOP_REQUEST
+from maxent_grpo.rundir.events import EVENTS_FILE
 
 LOG_NAME_RE = re.compile(
     r"^(?P<run>.+?)_(?:job(?P<job>\d+)_)?(?P<stamp>\d{8}-\d{6})_(?P<role>train|vllm)\.log$"

@@ -1,6 +1,6 @@
 """A run's state from its events, and what the disk adds when the events stop short.
 
-Functions over the events (`runs.events`) and a few facts found on disk
+Functions over the events (`rundir.events`) and a few facts found on disk
 (`runs.sources`); the rules are in `decide_state` and in docs/runs.md.
 """
 

@@ -14,7 +14,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 
 from maxent_grpo.methods import METHODS
-from maxent_grpo.runs.events import events_path, read_sparse
+from maxent_grpo.rundir.checkpoints import RUN_MARKER
+from maxent_grpo.rundir.events import events_path, read_sparse
 from maxent_grpo.runs.sources import (
     OutputDir,
     RunLog,
@@ -31,7 +32,6 @@ from maxent_grpo.runs.state import (
     resume_points,
     split_attempts,
 )
-from maxent_grpo.train.checkpoints import RUN_MARKER
 
 # An attempt whose processes cannot be seen from here (under Slurm, on another node) counts as
 # running while its events or logs were written this recently.
@@ -195,8 +195,8 @@ def run_info(
 
 
 def _evaluations(info: RunInfo, events: list[dict]) -> None:
-    """EVAL: each benchmark's newest score (evaluate/ledger.py), and the evaluations queued."""
-    from maxent_grpo.evaluate.ledger import latest_scores, pending
+    """EVAL: each benchmark's newest score (rundir/ledger.py), and the evaluations queued."""
+    from maxent_grpo.rundir.ledger import latest_scores, pending
 
     scores = latest_scores(events)
     info.evals = {name: {"step": step, "score": score} for name, (step, score) in scores.items()}

@@ -21,7 +21,7 @@ import logging
 from pathlib import Path
 
 from maxent_grpo.maxent.controllers import KLController
-from maxent_grpo.train.checkpoints import write_json_atomic
+from maxent_grpo.rundir.checkpoints import write_json_atomic
 
 KL_STATE_FILE = "kl_controller_state.json"
 

@@ -28,13 +28,12 @@ from maxent_grpo.errors import (
     exception_text,
 )
 from maxent_grpo.faults import failpoint
-from maxent_grpo.train.checkpoints import (
-    CompleteCheckpointsMixin,
+from maxent_grpo.rundir.checkpoints import (
     last_complete_checkpoint,
-    make_stop_callback,
     mark_run_complete,
     run_is_complete,
 )
+from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin, make_stop_callback
 from maxent_grpo.train.heartbeat import attach_heartbeat
 from maxent_grpo.train.unused_libraries import mark_unused_libraries_absent
 from maxent_grpo.train.wandb_run import export_wandb_run, make_wandb_step_callback, uses_wandb
@@ -134,10 +133,10 @@ def grpo_trainer_class():
 
 
 def make_step_event_callback():
-    """A TrainerCallback: a `step` event (runs/events.py) for every log of the main process."""
+    """A TrainerCallback: a `step` event (rundir/events.py) for every log of the main process."""
     from transformers import TrainerCallback
 
-    from maxent_grpo.runs.events import emit
+    from maxent_grpo.rundir.events import emit
 
     class StepEvents(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):

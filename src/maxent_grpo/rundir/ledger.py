@@ -1,6 +1,6 @@
 """What the event log says about evaluations: which checkpoints are due, which are handled.
 
-Pure functions over the run's events (runs/events.py); cheap to import (no torch, no TRL),
+Pure functions over the run's events (rundir/events.py); cheap to import (no torch, no TRL),
 so `maxent-grpo runs` and `plot` use them too. The events of an evaluation:
 
 - `eval_submit`: an evaluation job was queued for a step's checkpoint (`job`, `benchmarks`);

@@ -27,7 +27,7 @@ EVENTS = {
     "checkpoint": "step, path (once the checkpoint is complete)",
     "stop_request": "reason",
     "outcome": "outcome, reason, code, step, requeue (the job a stopped attempt requeues)",
-    # evaluations (maxent_grpo.evaluate.ledger)
+    # evaluations (maxent_grpo.rundir.ledger)
     "eval_submit": "step, checkpoint, benchmarks, job (the evaluation job queued)",
     "eval": "step, benchmark, score, metric, problems, samples, k, mean_reward, wall_s, job",
     "eval_skip": "step, checkpoint, benchmarks, reason (the checkpoint was gone), job",
