@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.runs import REPO
+from helpers.paths import REPO
 
 
 @pytest.fixture(scope="session")

@@ -15,18 +15,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
+from helpers.paths import REPO
+
+DOCS = REPO / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
 
 import maxent_reference  # noqa: E402  (docs/_ext/maxent_reference.py)
 
 # Not recipes: accelerate's own config files, passed to `accelerate launch --config_file`.
-NOT_RECIPES = (ROOT / "recipes" / "accelerate_configs",)
+NOT_RECIPES = (REPO / "recipes" / "accelerate_configs",)
 
 
 def recipe_files() -> list[Path]:
-    files = sorted((ROOT / "recipes").rglob("*.yaml"))
+    files = sorted((REPO / "recipes").rglob("*.yaml"))
     return [f for f in files if not any(f.is_relative_to(d) for d in NOT_RECIPES)]
 
 
@@ -39,12 +40,12 @@ def test_there_are_recipes():
     assert recipe_files(), "no recipes/**/*.yaml found"
 
 
-@pytest.mark.parametrize("recipe", recipe_files(), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("recipe", recipe_files(), ids=lambda p: str(p.relative_to(REPO)))
 def test_every_recipe_key_is_documented(recipe, recipe_key_page):
     keys = set((yaml.safe_load(recipe.read_text()) or {}).keys()) - {"env", "method"}
     documented = maxent_reference.documented_keys(recipe_key_page)
     missing = sorted(keys - documented)
-    assert not missing, f"{recipe.relative_to(ROOT)}: keys missing from the reference: {missing}"
+    assert not missing, f"{recipe.relative_to(REPO)}: keys missing from the reference: {missing}"
 
 
 def test_reference_documents_exactly_what_the_parser_accepts(recipe_key_page):
@@ -101,7 +102,7 @@ def test_sphinx_build_has_no_warnings(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-q", "-b", "html"]
     cmd += ["-d", str(tmp_path / "doctrees"), str(DOCS), str(tmp_path / "html")]
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-10000:]
     for page in ("index", "reference/recipe-keys", "reference/cli", "reference/api"):
         assert (tmp_path / "html" / f"{page}.html").is_file()

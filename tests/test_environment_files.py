@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.paths import REPO
 from maxent_grpo.launch.requirements import DEFAULTS, recipe_needs
 
-REPO = Path(__file__).resolve().parents[1]
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 EXTRAS = PYPROJECT["optional-dependencies"]

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import MAXENT_GRPO
 from helpers.recipes import write_recipe
-from helpers.runs import REPO, run
+from helpers.runs import run
 from maxent_grpo.rundir.events import read_events
 from maxent_grpo.runs import collect_runs
 
 pytestmark = pytest.mark.integration
-MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")
 
 
 def _evals(out: Path, kind: str = "eval") -> list[dict]:

@@ -6,21 +6,19 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import submitit
 
+from helpers.paths import MAXENT_GRPO as MAXENT_CLI
+from helpers.paths import REPO
 from maxent_grpo.launch.launcher import RunRequest, allocated_cpus, prepare
 from maxent_grpo.launch.overrides import env_overrides, server_environ
 from maxent_grpo.launch.plan import Environment
 from maxent_grpo.launch.sbatch import sbatch_command, slurm_resources
 from maxent_grpo.launch.submit import SubmitOptions, make_executor, submitit_parameters
 
-REPO = Path(__file__).resolve().parents[1]
 GPU_RECIPE = str(REPO / "recipes" / "Qwen2.5-1.5B-Instruct" / "grpo" / "config_math.yaml")
-MAXENT_CLI = str(Path(sys.executable).parent / "maxent-grpo")
 EIGHT_GPUS = Environment(gpus=tuple(str(i) for i in range(8)), nodes=("n0",), cpus=32)
 
 

@@ -15,14 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.recipes import SMOKE_MAXENT, write_recipe
+from helpers.paths import MAXENT_GRPO, REPO, SMOKE_MAXENT
+from helpers.recipes import small_recipe, write_recipe
 from maxent_grpo.rundir.checkpoints import RUN_MARKER, last_complete_checkpoint
 from maxent_grpo.tiny_model import build_tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
-SMOKE_RECIPE = ROOT / "recipes" / "smoke" / "config_maxent.yaml"
-ENTRY = ROOT / "src" / "maxent-grpo.py"
-CLIMB_REWARD = f"{Path(__file__).resolve().parent / 'maxent_climb_rewards.py'}:digit_fraction"
+ENTRY = REPO / "src" / "maxent-grpo.py"
 # Keys that measure wall time or summarise a whole run, not one step.
 UNSTABLE_KEYS = {
     "step_time",
@@ -43,22 +41,10 @@ def _env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
-def maxent_recipe(path: Path, tiny_model: Path, output_dir: Path, **changes) -> Path:
-    """The MaxEnt smoke recipe with the tiny model, an output dir and some keys changed."""
-    return write_recipe(
-        path.parent,
-        base=SMOKE_MAXENT,
-        name=path.name,
-        model_name_or_path=str(tiny_model),
-        output_dir=str(output_dir),
-        **changes,
-    )
-
-
 def train(recipe: Path, *flags: str) -> None:
     """One single-process training run of src/maxent-grpo.py."""
     cmd = [sys.executable, str(ENTRY), "--config", str(recipe), *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -184,11 +170,11 @@ def test_resuming_a_checkpoint_without_controller_state_is_a_user_error(trainer,
 def test_maxent_raises_a_climbable_reward(tiny_model, tmp_path):
     """30 steps on the fraction-of-digits reward: the mean reward must rise clearly."""
     out = tmp_path / "out"
-    recipe = maxent_recipe(
-        tmp_path / "learn.yaml",
-        tiny_model,
-        out,
-        reward_funcs=[CLIMB_REWARD],
+    recipe = write_recipe(
+        tmp_path,
+        SMOKE_MAXENT,
+        model_name_or_path=str(tiny_model),
+        reward_funcs=["digit_fraction"],
         reward_weights=[1.0],
         overlong_buffer=None,
         num_generations=8,
@@ -216,9 +202,9 @@ def test_resume_matches_an_uninterrupted_run(tiny_model, tmp_path):
     checkpoint restores exactly.
     """
     steps = {"max_steps": 6, "save_steps": 3, "save_total_limit": None}
-    full, part = tmp_path / "full", tmp_path / "part"
-    train(maxent_recipe(tmp_path / "full.yaml", tiny_model, full, **steps))
-    part_recipe = maxent_recipe(tmp_path / "part.yaml", tiny_model, part, **steps)
+    full, part = tmp_path / "full" / "out", tmp_path / "part" / "out"
+    train(small_recipe(tmp_path / "full", tiny_model, SMOKE_MAXENT, **steps))
+    part_recipe = small_recipe(tmp_path / "part", tiny_model, SMOKE_MAXENT, **steps)
     train(part_recipe, "--max_steps", "3")
     assert last_complete_checkpoint(part) == part / "checkpoint-3"
     (part / RUN_MARKER).unlink()  # as if the job had been stopped right after the checkpoint
@@ -247,12 +233,12 @@ def test_two_process_run_through_the_launcher(tiny_model, tmp_path):
     spans both processes and the weights need the gathered rewards and log-likelihoods."""
     out = tmp_path / "out"
     cmd = [
-        str(Path(sys.executable).parent / "maxent-grpo"),
+        MAXENT_GRPO,
         "run",
         "--method",
         "maxent",
         "--config",
-        str(SMOKE_RECIPE),
+        str(SMOKE_MAXENT),
         "--run-name",
         "maxent-two-proc",
         "--logs-dir",
@@ -271,7 +257,7 @@ def test_two_process_run_through_the_launcher(tiny_model, tmp_path):
         "--maxent_tau",
         "1000",
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 processes" in proc.stdout
     assert (out / RUN_MARKER).is_file()

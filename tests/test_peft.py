@@ -6,12 +6,11 @@ tests/vllm_server/test_vllm_lora.py.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from helpers.recipes import write_recipe
-from helpers.runs import PYTHON, REPO, run, step_logs
+from helpers.paths import PYTHON, REPO, SMOKE_LORA
+from helpers.recipes import small_recipe
+from helpers.runs import run, step_logs
 from maxent_grpo.errors import EXIT_CHECKPOINTED
 from maxent_grpo.rundir.checkpoints import clear_stop_request, last_complete_checkpoint
 
@@ -19,18 +18,6 @@ pytestmark = pytest.mark.integration
 pytest.importorskip("peft", reason="needs the peft extra: MAXENT_GRPO_EXTRAS=peft")
 
 GRPO = str(REPO / "src" / "grpo.py")
-SMOKE_LORA = REPO / "recipes" / "smoke" / "config_grpo_lora.yaml"
-
-
-def lora_recipe(folder: Path, tiny_model: Path, **keys) -> Path:
-    settings = dict(
-        model_name_or_path=str(tiny_model),
-        dataset_num_rows=256,
-        max_completion_length=16,
-        max_steps=4,
-        save_steps=1000,
-    )
-    return write_recipe(folder, base=SMOKE_LORA, **{**settings, **keys})
 
 
 def test_lora_learns_and_saves_an_adapter(tmp_path, tiny_model):
@@ -39,10 +26,12 @@ def test_lora_learns_and_saves_an_adapter(tmp_path, tiny_model):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    recipe = lora_recipe(
+    recipe = small_recipe(
         tmp_path,
         tiny_model,
-        reward_funcs=["tests.helpers.climbable_rewards:digit_fraction"],
+        SMOKE_LORA,
+        max_completion_length=16,
+        reward_funcs=["digit_fraction"],
         reward_weights=None,
         per_device_train_batch_size=16,
         max_steps=30,
@@ -74,10 +63,10 @@ def test_lora_learns_and_saves_an_adapter(tmp_path, tiny_model):
 def test_stopped_lora_run_resumes_exactly_like_an_uninterrupted_one(tmp_path, tiny_model):
     stop = "tests.helpers.stop_rewards:stop_at_step"
     keys = dict(reward_funcs=["digit_fraction", stop], reward_weights=[1.0, 0.0])
-    full = lora_recipe(tmp_path / "full", tiny_model, **keys)
+    full = small_recipe(tmp_path / "full", tiny_model, SMOKE_LORA, **keys)
     assert run([PYTHON, GRPO, "--config", str(full)]).returncode == 0
 
-    part = lora_recipe(tmp_path / "part", tiny_model, **keys)
+    part = small_recipe(tmp_path / "part", tiny_model, SMOKE_LORA, **keys)
     out = tmp_path / "part" / "out"
     env = dict(MAXENT_GRPO_TEST_STOP_AT="2", MAXENT_GRPO_TEST_STOP_DIR=str(out))
     first = run([PYTHON, GRPO, "--config", str(part)], **env)

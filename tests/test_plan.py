@@ -7,10 +7,10 @@ import os
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from helpers.paths import REPO
 from helpers.recipes import SMOKE_VLLM, write_recipe
 from maxent_grpo.launch.plan import (
     Environment,
@@ -22,7 +22,6 @@ from maxent_grpo.launch.plan import (
 from maxent_grpo.methods import METHODS
 from maxent_grpo.recipe import RecipeKeys, read_recipe
 
-REPO = Path(__file__).resolve().parents[1]
 PORTS = Ports(vllm=18000, vllm_group=151216, main_process=29555)
 # Every key at its one default (no recipe file), as the plan reads them.
 GRPO = dataclasses.replace(read_recipe([]), path="r.yaml").with_values(

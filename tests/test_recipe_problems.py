@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import MAXENT_GRPO, REPO
 from helpers.recipes import MINIMAL, write_recipe
-from helpers.runs import REPO, run
+from helpers.runs import run
 from maxent_grpo.errors import ConfigProblems, error_report
 from maxent_grpo.recipe import ConfigError, build_recipe, parse_recipe, read_recipe
 
-MAXENT_GRPO = str(Path(sys.executable).parent / "maxent-grpo")
 BASE = MINIMAL
 
 

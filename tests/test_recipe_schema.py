@@ -7,17 +7,16 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from helpers.paths import REPO
 from maxent_grpo.errors import ConfigError
 from maxent_grpo.methods import METHODS
 from maxent_grpo.recipe import read_recipe, schema
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(
-    p for p in (ROOT / "recipes").rglob("*.yaml") if "accelerate_configs" not in p.parts
+    p for p in (REPO / "recipes").rglob("*.yaml") if "accelerate_configs" not in p.parts
 )
 # Flags over each recipe: bool spellings, nargs lists, choices, converters, None sentinels.
 OVERRIDES = [
@@ -69,7 +68,7 @@ def test_json_round_trip_of_odd_values():
         schema.encode(object())
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(REPO)))
 @pytest.mark.parametrize("flags", OVERRIDES, ids=lambda f: " ".join(f) or "no flags")
 def test_schema_reader_matches_trl_parser(recipe, flags):
     argv = ["--config", str(recipe), *flags]
@@ -87,7 +86,7 @@ def test_schema_reader_matches_trl_parser(recipe, flags):
 
 @pytest.mark.parametrize("flags", BAD_OVERRIDES, ids=" ".join)
 def test_schema_reader_refuses_what_trl_parser_refuses(flags):
-    argv = ["--config", str(ROOT / "recipes/smoke/config_grpo.yaml"), *flags]
+    argv = ["--config", str(REPO / "recipes/smoke/config_grpo.yaml"), *flags]
     with pytest.raises(ConfigError) as ours:
         read_recipe(argv)
     with pytest.raises(ConfigError) as reference:
@@ -101,13 +100,13 @@ def test_launcher_imports_no_training_stack(tmp_path):
 import sys
 from pathlib import Path
 from maxent_grpo.launch.launcher import RunRequest, prepare
-request = RunRequest(recipe={str(ROOT / "recipes/smoke/config_grpo.yaml")!r},
+request = RunRequest(recipe={str(REPO / "recipes/smoke/config_grpo.yaml")!r},
                      overrides=("--output_dir", {str(tmp_path / "out")!r}))
 print(prepare(request, packages=True).describe())
 heavy = sorted({{"torch", "trl", "transformers", "datasets", "peft"}} & set(sys.modules))
 assert not heavy, heavy
 """
     run = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 0, run.stderr[-3000:]

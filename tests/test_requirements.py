@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import REPO
 from helpers.recipes import SMOKE, SMOKE_VLLM, write_recipe
 from maxent_grpo import cli
 from maxent_grpo.launch import requirements
@@ -23,7 +24,6 @@ from maxent_grpo.launch.requirements import (
     recipe_values,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "recipes" / "accelerate_configs"
 QWEN = REPO / "recipes" / "Qwen2.5-1.5B-Instruct" / "grpo" / "config_math.yaml"
 

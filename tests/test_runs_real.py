@@ -14,17 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import MAXENT_GRPO, PYTHON, REPO, SMOKE, SMOKE_MAXENT
 from helpers.procs import wait_for
-from helpers.runs import PYTHON, REPO, child_env, log_history, run, write_recipe
+from helpers.recipes import small_recipe
+from helpers.runs import child_env, log_history, run
 from maxent_grpo.rundir.checkpoints import CHECKPOINT_MARKER, request_stop
 from maxent_grpo.rundir.events import read_events
 from maxent_grpo.runs import KILLED, collect_runs
 from maxent_grpo.runs.state import resume_points
 
-SMOKE = REPO / "recipes" / "smoke" / "config_grpo.yaml"
-SMOKE_MAXENT = REPO / "recipes" / "smoke" / "config_maxent.yaml"
 GRPO = str(REPO / "src" / "grpo.py")
-MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # The stopped run's length: the stop request, written as soon as step 1 is logged, must land
 # before the end (steps take ~0.15 s on 2 CPUs; 6 steps lost that race in CI).
@@ -42,18 +41,10 @@ class RealRuns:
         return {r.run: r for r in collect_runs([self.work / "outputs", self.work / "logs"])}
 
 
-def _recipe(work: Path, name: str, tiny_model: Path, base: Path = SMOKE, **overrides) -> Path:
-    settings = dict(
-        model_name_or_path=str(tiny_model),
-        output_dir=str(work / "outputs" / name),
-        dataset_num_rows=256,
-        max_completion_length=16,
-        max_steps=4,
-        save_steps=2,
-        num_processes=1,
-    )
-    settings.update(overrides)
-    return write_recipe(work / f"{name}.yaml", base, **settings)
+def _recipe(work: Path, name: str, tiny_model: Path, base: Path = SMOKE, **keys) -> Path:
+    """A small recipe work/NAME.yaml, one process, output in work/outputs/NAME."""
+    layout = dict(output_dir=str(work / "outputs" / name), num_processes=1, save_steps=2)
+    return small_recipe(work, tiny_model, base, f"{name}.yaml", **{**layout, **keys})
 
 
 def _launch(work: Path, recipe: Path, name: str, timeout: float = 600):

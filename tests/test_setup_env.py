@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.recipes import SMOKE
+from helpers.paths import REPO, SMOKE
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[1]
 QWEN = REPO / "recipes" / "Qwen2.5-1.5B-Instruct" / "grpo" / "config_math.yaml"
 
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.recipes import SMOKE, write_recipe
-from helpers.runs import PYTHON, REPO, run, step_logs
+from helpers.paths import MAXENT_GRPO, PYTHON, REPO, SMOKE
+from helpers.recipes import small_recipe
+from helpers.runs import run, step_logs
 from maxent_grpo.rundir.checkpoints import (
     CHECKPOINT_MARKER,
     last_complete_checkpoint,
@@ -15,20 +16,6 @@ from maxent_grpo.rundir.checkpoints import (
 )
 
 GRPO = str(REPO / "src" / "grpo.py")
-MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")
-
-
-def small_recipe(tmp_path: Path, tiny_model: Path, **overrides) -> Path:
-    """The smoke recipe, pointed at tmp_path and made smaller/faster for tests."""
-    settings = dict(
-        model_name_or_path=str(tiny_model),
-        dataset_num_rows=256,
-        max_completion_length=16,
-        max_steps=4,
-        save_steps=2,
-    )
-    settings.update(overrides)
-    return write_recipe(tmp_path, **settings)
 
 
 def test_grpo_cli_rejects_unknown_key_in_one_line():
@@ -43,7 +30,7 @@ def test_grpo_cli_rejects_unknown_key_in_one_line():
 
 @pytest.mark.integration
 def test_launcher_runs_smoke_recipe_on_two_cpu_processes(tmp_path, tiny_model):
-    recipe = small_recipe(tmp_path, tiny_model)
+    recipe = small_recipe(tmp_path, tiny_model, save_steps=2)
     logs = tmp_path / "logs"
     result = run(
         [MAXENT_GRPO, "run", "--config", str(recipe), "--logs-dir", str(logs)], timeout=600
@@ -71,8 +58,9 @@ def test_grpo_learns_a_climbable_reward(tmp_path, tiny_model):
     recipe = small_recipe(
         tmp_path,
         tiny_model,
-        reward_funcs=["tests.helpers.climbable_rewards:digit_fraction"],
+        reward_funcs=["digit_fraction"],
         reward_weights=None,
+        max_completion_length=16,
         num_generations=8,
         per_device_train_batch_size=16,
         learning_rate=3.0e-3,

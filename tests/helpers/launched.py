@@ -14,9 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from helpers.runs import REPO, child_env
-
-MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")
+from helpers.paths import MAXENT_GRPO, REPO
+from helpers.runs import child_env
 
 
 def children(pid: int) -> list[int]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = sys.executable
+from helpers.paths import PYTHON, REPO
+
+__all__ = ["PYTHON", "REPO", "child_env", "log_history", "run", "step_logs"]
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -29,16 +29,6 @@ def run(
     return subprocess.run(
         args, cwd=cwd, env=child_env(**env), capture_output=True, text=True, timeout=timeout
     )
-
-
-def write_recipe(path: Path, base: Path | None = None, **overrides) -> Path:
-    """A recipe file: the base recipe's keys (if any) updated with overrides."""
-    import yaml
-
-    data = yaml.safe_load(base.read_text()) if base else {}
-    data.update(overrides)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def log_history(output_dir: Path) -> list[dict]:

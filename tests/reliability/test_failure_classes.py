@@ -12,21 +12,10 @@ from pathlib import Path
 import pytest
 
 from helpers.launched import MAXENT_GRPO, Launched, outcomes
-from helpers.recipes import write_recipe
+from helpers.recipes import small_recipe
 from helpers.runs import run
 
 pytestmark = pytest.mark.integration
-
-
-def recipe(tmp_path: Path, tiny_model: Path) -> Path:
-    return write_recipe(
-        tmp_path,
-        model_name_or_path=str(tiny_model),
-        dataset_num_rows=128,
-        max_completion_length=12,
-        max_steps=20,
-        save_steps=2,
-    )
 
 
 def runs_table(tmp_path: Path) -> str:
@@ -39,7 +28,9 @@ def runs_table(tmp_path: Path) -> str:
 
 def test_out_of_memory_is_permanent_and_says_what_to_lower(tmp_path, tiny_model):
     launched = Launched(
-        tmp_path, recipe(tmp_path, tiny_model), MAXENT_GRPO_FAILPOINT="step_begin:3:oom"
+        tmp_path,
+        small_recipe(tmp_path, tiny_model, max_steps=20, save_steps=2),
+        MAXENT_GRPO_FAILPOINT="step_begin:3:oom",
     )
     assert launched.wait(timeout=300) == 2, launched.text[-3000:]
     (outcome,) = outcomes(tmp_path / "out")
@@ -53,7 +44,7 @@ def test_out_of_memory_is_permanent_and_says_what_to_lower(tmp_path, tiny_model)
 
 
 def test_a_crash_is_retried_once_and_the_same_crash_twice_is_permanent(tmp_path, tiny_model):
-    path = recipe(tmp_path, tiny_model)
+    path = small_recipe(tmp_path, tiny_model, max_steps=20, save_steps=2)
     first = Launched(tmp_path, path, MAXENT_GRPO_FAILPOINT="step_begin:3:error")
     assert first.wait(timeout=300) == 1, first.text[-3000:]
     (crash,) = outcomes(tmp_path / "out")

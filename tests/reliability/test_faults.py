@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from helpers.recipes import write_recipe
+from helpers.recipes import small_recipe
 from helpers.runs import PYTHON, REPO, run, step_logs
 from maxent_grpo.rundir.checkpoints import CHECKPOINT_MARKER, list_checkpoints, run_is_complete
 
@@ -22,19 +22,8 @@ pytestmark = pytest.mark.integration
 
 GRPO = str(REPO / "src" / "grpo.py")
 STEPS = 6
-
-
-def recipe(folder: Path, tiny_model: Path, **overrides) -> Path:
-    settings = dict(
-        model_name_or_path=str(tiny_model),
-        dataset_num_rows=128,
-        max_completion_length=12,
-        max_steps=STEPS,
-        save_steps=2,
-        save_total_limit=1,
-    )
-    settings.update(overrides)
-    return write_recipe(folder, **settings)
+# Checkpoints every 2 steps, only the last one kept.
+KEYS = dict(max_steps=STEPS, save_steps=2, save_total_limit=1)
 
 
 def train(path: Path, **env) -> int:
@@ -49,7 +38,7 @@ def weights(out: Path) -> dict:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_model) -> Path:
     folder = tmp_path_factory.mktemp("reference")
-    assert train(recipe(folder, tiny_model)) == 0
+    assert train(small_recipe(folder, tiny_model, **KEYS)) == 0
     return folder / "out"
 
 
@@ -67,7 +56,7 @@ FAULTS = [
 def test_sigkill_then_resume_gives_the_uninterrupted_result(
     tmp_path, tiny_model, reference, point, left
 ):
-    path = recipe(tmp_path, tiny_model)
+    path = small_recipe(tmp_path, tiny_model, **KEYS)
     out = tmp_path / "out"
     assert train(path, MAXENT_GRPO_FAILPOINT=point) == -signal.SIGKILL
     assert not run_is_complete(out)
@@ -89,7 +78,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_result(
 
 
 def test_repeated_kills_at_the_same_point_still_converge(tmp_path, tiny_model, reference):
-    path = recipe(tmp_path, tiny_model)
+    path = small_recipe(tmp_path, tiny_model, **KEYS)
     for point in ("checkpoint_unmarked:2", "step_begin:3", "checkpoint_partial:4"):
         assert train(path, MAXENT_GRPO_FAILPOINT=point) == -signal.SIGKILL
     assert train(path) == 0

@@ -16,21 +16,10 @@ import pytest
 
 from helpers.launched import Launched, outcomes, steps
 from helpers.procs import wait_until_gone
-from helpers.recipes import write_recipe
+from helpers.recipes import small_recipe, write_recipe
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, list_checkpoints
 
 pytestmark = pytest.mark.integration
-
-
-def recipe(tmp_path: Path, tiny_model: Path, **overrides) -> Path:
-    settings = dict(
-        model_name_or_path=str(tiny_model),
-        dataset_num_rows=128,
-        max_completion_length=12,
-        max_steps=2000,
-        save_steps=1000,
-    )
-    return write_recipe(tmp_path, **{**settings, **overrides})
 
 
 def step_of(checkpoint: Path | None) -> int | None:
@@ -39,7 +28,7 @@ def step_of(checkpoint: Path | None) -> int | None:
 
 def test_sigterm_to_every_process_checkpoints_the_last_completed_step(tmp_path, tiny_model):
     out = tmp_path / "out"
-    run = Launched(tmp_path, recipe(tmp_path, tiny_model))
+    run = Launched(tmp_path, small_recipe(tmp_path, tiny_model, max_steps=2000))
     run.wait_for_step(out, 3)
     done_before = max(steps(out))
     pids = run.signal_all(signal.SIGTERM)
@@ -74,7 +63,9 @@ def test_grace_shorter_than_a_step_keeps_the_last_periodic_checkpoint(tmp_path, 
     complete and resumable; nothing half-written is ever taken for a checkpoint."""
     out = tmp_path / "out"
     slow = "tests.helpers.slow_rewards:slow_digit_fraction"
-    path = recipe(tmp_path, tiny_model, save_steps=2, reward_funcs=[slow], reward_weights=None)
+    path = small_recipe(
+        tmp_path, tiny_model, max_steps=2000, save_steps=2, reward_funcs=[slow], reward_weights=None
+    )
     run = Launched(tmp_path, path, SLOW_REWARD_AFTER_STEP="4", SLOW_REWARD_S="8")
     run.wait_for_step(out, 4)
     time.sleep(2)  # inside step 5, in the slow reward
@@ -97,7 +88,7 @@ def test_a_killed_launcher_still_stops_its_run_gracefully(tmp_path, tiny_model):
     """`kill -9` of the launcher (no handler can run): its children get SIGTERM from the
     kernel (parent-death signal), the trainers save the step in progress, nothing is left."""
     out = tmp_path / "out"
-    run = Launched(tmp_path, recipe(tmp_path, tiny_model))
+    run = Launched(tmp_path, small_recipe(tmp_path, tiny_model, max_steps=2000))
     run.wait_for_step(out, 3)
     done_before = max(steps(out))
     tree = run.tree()

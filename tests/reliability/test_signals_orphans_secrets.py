@@ -15,24 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import MAXENT_GRPO, REPO
 from helpers.procs import wait_until_gone
-from helpers.recipes import write_recipe
-from helpers.runs import REPO, child_env
+from helpers.recipes import small_recipe, write_recipe
+from helpers.runs import child_env
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
 
 pytestmark = pytest.mark.integration
-MAXENT_GRPO = str(REPO / ".venv" / "bin" / "maxent-grpo")
-
-
-def recipe(tmp_path: Path, tiny_model: Path, **overrides) -> Path:
-    settings = dict(
-        model_name_or_path=str(tiny_model),
-        dataset_num_rows=128,
-        max_completion_length=12,
-        max_steps=4,
-        save_steps=1000,
-    )
-    return write_recipe(tmp_path, **{**settings, **overrides})
 
 
 def launch(tmp_path: Path, path: Path, **env) -> subprocess.Popen:
@@ -67,7 +56,7 @@ def wait_for_training(tmp_path: Path, timeout: float = 180) -> None:
 
 def test_no_secrets_in_logs_or_outputs_even_with_shell_tracing(tmp_path, tiny_model):
     hf, wandb = f"hf_{secrets.token_hex(16)}", secrets.token_hex(20)
-    path = recipe(tmp_path, tiny_model)
+    path = small_recipe(tmp_path, tiny_model)
     (tmp_path / "logs").mkdir()
     with open(tmp_path / "logs" / "slurm_trace.out", "wb") as trace:
         code = subprocess.run(
@@ -98,14 +87,16 @@ def test_no_secrets_in_logs_or_outputs_even_with_shell_tracing(tmp_path, tiny_mo
 
 
 def test_trainer_crash_leaves_no_process(tmp_path, tiny_model):
-    proc = launch(tmp_path, recipe(tmp_path, tiny_model), MAXENT_GRPO_FAILPOINT="step_begin:2")
+    proc = launch(
+        tmp_path, small_recipe(tmp_path, tiny_model), MAXENT_GRPO_FAILPOINT="step_begin:2"
+    )
     assert proc.wait(timeout=300) != 0
     assert not run_is_complete(tmp_path / "out")
     assert_nothing_left(tmp_path)
 
 
 def test_sigterm_checkpoints_at_the_next_step_and_resumes(tmp_path, tiny_model):
-    path = recipe(tmp_path, tiny_model, max_steps=2000)
+    path = small_recipe(tmp_path, tiny_model, max_steps=2000)
     proc = launch(tmp_path, path)
     wait_for_training(tmp_path)
     proc.send_signal(signal.SIGTERM)
@@ -126,7 +117,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_resumes(tmp_path, tiny_model):
 
 
 def test_second_signal_stops_everything_at_once(tmp_path, tiny_model):
-    proc = launch(tmp_path, recipe(tmp_path, tiny_model, max_steps=2000))
+    proc = launch(tmp_path, small_recipe(tmp_path, tiny_model, max_steps=2000))
     wait_for_training(tmp_path)
     proc.send_signal(signal.SIGINT)
     # Python coalesces a signal that arrives before its handler ran: wait for the first.
@@ -144,7 +135,7 @@ def test_second_signal_stops_everything_at_once(tmp_path, tiny_model):
 
 
 def test_signal_during_startup_stops_before_training(tmp_path, tiny_model):
-    proc = launch(tmp_path, recipe(tmp_path, tiny_model, max_steps=2000))
+    proc = launch(tmp_path, small_recipe(tmp_path, tiny_model, max_steps=2000))
     time.sleep(1.0)  # the launcher is still importing
     proc.send_signal(signal.SIGUSR1)
     assert proc.wait(timeout=180) == 85, launcher_out(tmp_path)[-3000:]

@@ -8,16 +8,14 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
 from pathlib import Path
 
+from helpers.paths import MAXENT_GRPO, REPO
 from helpers.procs import wait_for
 from helpers.recipes import write_recipe
 from maxent_grpo.rundir import ledger
 from maxent_grpo.rundir.events import read_events
 
-REPO = Path(__file__).resolve().parents[2]
-MAXENT_GRPO = str(Path(sys.executable).parent / "maxent-grpo")
 BENCHMARKS = [
     {"name": "arithmetic", "num_examples": 8, "max_new_tokens": 16},
     # digit_fraction is what the smoke recipe trains on: a score that can move in 60 steps.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers.paths import REPO
 
 pytestmark = pytest.mark.freshclone
 

@@ -12,16 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from safetensors.torch import load_file
 
+from helpers.paths import REPO
 from helpers.procs import wait_for
+from helpers.recipes import ONE_THREAD, small_recipe
 
 pytestmark = pytest.mark.multinode
 
 PYTHON = sys.executable
-REPO = Path(__file__).resolve().parents[2]
-SMOKE = REPO / "recipes" / "smoke" / "config_grpo.yaml"
 
 
 def _script(path: Path, body: str, shebang: str = "#!/bin/bash") -> Path:
@@ -258,28 +257,11 @@ def _train(cluster, folder: Path, nodes: int, tiny_model: Path) -> tuple[Path, f
 
 
 def _recipe(folder: Path, tiny_model: Path) -> Path:
-    """The smoke recipe, small, with a reward that moves the weights; output in folder/out."""
-    folder.mkdir(exist_ok=True)
-    recipe = folder / "recipe.yaml"
-    data = yaml.safe_load(SMOKE.read_text(errors="replace"))
-    data.update(
-        model_name_or_path=str(tiny_model),
-        output_dir=str(folder / "out"),
-        dataset_num_rows=256,
-        max_completion_length=16,
-        max_steps=8,
-        save_steps=1000,
-        # A reward the random tiny model gets partly right: non-zero advantages, so the weights
-        # move (the smoke rewards are all 0 for it, and equal weights would prove nothing).
-        reward_funcs=["tests.helpers.climbable_rewards:digit_fraction"],
-        reward_weights=None,
-        # One thread per trainer in every run (training.sh would give each trainer the CPUs of
-        # its node: 2 here): the thread count changes float sums, and the runs are compared
-        # to 1e-6.
-        env={"OMP_NUM_THREADS": "1"},
-    )
-    recipe.write_text(yaml.safe_dump(data))
-    return recipe
+    """Small, 8 steps, one thread per trainer (the runs are compared to 1e-6), with a reward
+    the random tiny model gets partly right: non-zero advantages, so the weights move (the
+    smoke rewards are all 0 for it, and equal weights would prove nothing)."""
+    reward = dict(reward_funcs=["digit_fraction"], reward_weights=None)
+    return small_recipe(folder, tiny_model, **ONE_THREAD, **reward, max_steps=8)
 
 
 @pytest.fixture(scope="module")

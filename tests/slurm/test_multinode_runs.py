@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,12 +15,10 @@ import yaml
 from test_multinode import _recipe, processes_on
 from test_training_slurm import elapsed_s, sbatch_training, slurm_out, train_logs, wait_for
 
-from helpers.recipes import SMOKE_VLLM
-from helpers.runs import REPO
+from helpers.paths import MAXENT_GRPO, REPO, SMOKE_VLLM
 
 pytestmark = pytest.mark.multinode
 
-MAXENT_GRPO = str(Path(sys.executable).parent / "maxent-grpo")
 SLOW = "tests.helpers.slow_rewards:slow_digit_fraction"  # 0.2 s a step: a preemption lands mid-run
 
 

@@ -25,7 +25,7 @@ from test_training_slurm import (
     wait_for,
 )
 
-from helpers.recipes import write_recipe
+from helpers.recipes import ONE_THREAD, small_recipe
 
 pytestmark = pytest.mark.slurm
 
@@ -51,10 +51,8 @@ def last_step(out: Path) -> int:
 
 def test_preempted_training_checkpoints_requeues_resumes_and_loses_no_step(slurm_cluster, tmp_path):
     out = tmp_path / "out"
-    # One OpenMP thread per trainer: the node declares more CPUs than this machine has.
-    settings = dict(dataset_num_rows=256, max_completion_length=16, save_steps=1000)
-    settings.update(reward_funcs=[SLOW], reward_weights=None)
-    path = write_recipe(tmp_path, **settings, max_steps=STEPS, env={"OMP_NUM_THREADS": "1"})
+    slow = dict(reward_funcs=[SLOW], reward_weights=None)
+    path = small_recipe(tmp_path, **ONE_THREAD, **slow, max_steps=STEPS)
     job = sbatch_training(
         slurm_cluster,
         tmp_path,
@@ -98,7 +96,7 @@ def test_preempted_training_checkpoints_requeues_resumes_and_loses_no_step(slurm
     assert len(logs) == 2, logs
     assert f"Stopped on request after step {saved}" in logs[0].read_text()
     assert f"Resuming from {out / f'checkpoint-{saved}'}" in logs[1].read_text()
-    reference = local_reference_run(tmp_path, **settings, max_steps=STEPS)
+    reference = local_reference_run(tmp_path, **slow, max_steps=STEPS)
     assert_same_weights(out, reference)
 
 
@@ -106,9 +104,8 @@ def test_time_limit_signal_is_a_time_limit_outcome_and_requeues(slurm_cluster, t
     """What `--signal=B:USR1@N` sends before the time limit, sent now: the attempt is a
     `time_limit`, requeued by the launcher, and the run completes."""
     out = tmp_path / "out"
-    settings = dict(dataset_num_rows=256, max_completion_length=16, save_steps=1000)
-    settings.update(reward_funcs=[SLOW], reward_weights=None)
-    path = write_recipe(tmp_path, **settings, max_steps=40, env={"OMP_NUM_THREADS": "1"})
+    slow = dict(reward_funcs=[SLOW], reward_weights=None)
+    path = small_recipe(tmp_path, **ONE_THREAD, **slow, max_steps=40)
     job = sbatch_training(
         slurm_cluster,
         tmp_path,
@@ -130,7 +127,7 @@ def test_a_permanent_failure_in_an_array_is_not_retried(slurm_cluster, tmp_path)
     see tests/reliability/test_failure_classes.py): the later tasks exit at once with the
     same line instead of training again."""
     out = tmp_path / "out"
-    path = write_recipe(tmp_path, dataset_num_rows=256, max_steps=40, env={"OMP_NUM_THREADS": "1"})
+    path = small_recipe(tmp_path, **ONE_THREAD, max_steps=40)
     job = sbatch_training(
         slurm_cluster,
         tmp_path,

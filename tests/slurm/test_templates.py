@@ -11,17 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers.recipes import write_recipe
+from helpers.paths import REPO
+from helpers.recipes import small_recipe
 
 pytestmark = pytest.mark.slurm
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def small_recipe(tmp_path: Path) -> Path:
-    return write_recipe(
-        tmp_path, dataset_num_rows=128, max_completion_length=16, max_steps=6, save_steps=1000
-    )
 
 
 def submit_template(cluster, tmp_path: Path, template: str, *sbatch_args: str) -> str:
@@ -31,7 +24,7 @@ def submit_template(cluster, tmp_path: Path, template: str, *sbatch_args: str) -
         f"--error={tmp_path}/slurm_%A_%a.err",
         f"slurm/{template}",
         "--config",
-        str(small_recipe(tmp_path)),
+        str(small_recipe(tmp_path, max_steps=6)),
         "--logs-dir",
         str(tmp_path / "logs"),
     ]

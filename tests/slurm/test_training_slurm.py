@@ -9,32 +9,15 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
+from helpers.paths import MAXENT_GRPO, REPO
 from helpers.procs import wait_for
-from helpers.recipes import write_recipe
-
-REPO = Path(__file__).resolve().parents[2]
-MAXENT_GRPO = str(Path(sys.executable).parent / "maxent-grpo")
-
-
-def recipe(tmp_path: Path, name: str = "recipe.yaml", **overrides) -> Path:
-    # One thread per trainer in every run, in and out of Slurm: the launcher would otherwise share
-    # out the CPUs the job holds (32 on the test node), and another thread count changes float
-    # sums enough (1e-4 after 400 steps) to fail the exact-resume comparisons.
-    small = dict(
-        dataset_num_rows=256,
-        max_completion_length=16,
-        max_steps=12,
-        save_steps=1000,
-        env={"OMP_NUM_THREADS": "1"},
-    )
-    return write_recipe(tmp_path, name=name, **{**small, **overrides})
+from helpers.recipes import ONE_THREAD, small_recipe
 
 
 def sbatch_training(cluster, tmp_path: Path, recipe_path: Path, *sbatch_args: str) -> str:
@@ -71,7 +54,7 @@ def local_reference_run(tmp_path: Path, **overrides) -> Path:
     """The same recipe run without Slurm, uninterrupted: the result to compare against."""
     folder = tmp_path / "reference"
     folder.mkdir()
-    path = recipe(folder, **overrides)
+    path = small_recipe(folder, **ONE_THREAD, **overrides)
     result = subprocess.run(
         [MAXENT_GRPO, "run", "--config", str(path), "--logs-dir", str(folder / "logs")],
         cwd=REPO,
@@ -91,7 +74,9 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 
 def test_sbatch_training_sh_runs_smoke_recipe_to_completion(slurm_cluster, tmp_path):
-    job = sbatch_training(slurm_cluster, tmp_path, recipe(tmp_path))
+    job = sbatch_training(
+        slurm_cluster, tmp_path, small_recipe(tmp_path, **ONE_THREAD, max_steps=12)
+    )
     assert slurm_cluster.wait(job, timeout=300) == "COMPLETED", slurm_out(tmp_path)
     out = slurm_out(tmp_path)
     assert "training: 2 processes on 1 machine(s)" in out  # CPU plan despite fake GPUs
@@ -110,7 +95,7 @@ def elapsed_s(record: dict[str, str]) -> int:
 
 def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluster, tmp_path):
     steps = 400
-    path = recipe(tmp_path, max_steps=steps)
+    path = small_recipe(tmp_path, **ONE_THREAD, max_steps=steps)
     job = sbatch_training(
         slurm_cluster, tmp_path, path, "--time=10", "--signal=B:USR1@100", "--requeue"
     )
@@ -158,7 +143,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluste
 
 def test_array_retry_resumes_after_hard_kill_and_later_tasks_exit_at_once(slurm_cluster, tmp_path):
     steps = 400
-    path = recipe(tmp_path, max_steps=steps, save_steps=20)
+    path = small_recipe(tmp_path, **ONE_THREAD, max_steps=steps, save_steps=20)
     job = sbatch_training(slurm_cluster, tmp_path, path, "--array=0-2%1")
     out_dir = tmp_path / "out"
     wait_for(
@@ -179,7 +164,7 @@ def test_array_retry_resumes_after_hard_kill_and_later_tasks_exit_at_once(slurm_
 
 
 def test_bad_recipe_in_an_array_does_not_burn_retries(slurm_cluster, tmp_path):
-    path = recipe(tmp_path, num_generation=4)  # typo: unknown key
+    path = small_recipe(tmp_path, **ONE_THREAD, num_generation=4)  # typo: unknown key
     job = sbatch_training(slurm_cluster, tmp_path, path, "--array=0-2%1")
     for task in range(3):
         assert slurm_cluster.wait(f"{job}_{task}", timeout=180) == "FAILED"
@@ -197,7 +182,7 @@ def test_bad_recipe_in_an_array_does_not_burn_retries(slurm_cluster, tmp_path):
     ],
 )
 def test_bad_recipe_is_rejected_before_queueing(slurm_cluster, tmp_path, bad, named):
-    path = recipe(tmp_path, **bad)
+    path = small_recipe(tmp_path, **ONE_THREAD, **bad)
     before = slurm_cluster.run(["squeue", "-h", "-o", "%i"]).stdout
     for command in ("sbatch", "submit"):
         result = subprocess.run(
@@ -218,7 +203,7 @@ def test_submitit_preempted_job_requeues_resumes_and_completes(slurm_cluster, tm
     # The signal goes out once step 1 is logged and reaches the trainers within a second or
     # two; 100 steps (15-30 s here) keep it mid-training. The reference run repeats them all.
     steps = 100
-    path = recipe(tmp_path, max_steps=steps)
+    path = small_recipe(tmp_path, **ONE_THREAD, max_steps=steps)
     result = subprocess.run(
         [
             MAXENT_GRPO,

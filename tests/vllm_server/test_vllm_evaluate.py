@@ -8,12 +8,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
+from helpers.paths import REPO
 from helpers.recipes import write_recipe
 from maxent_grpo.rundir.events import read_events
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_vllm_backend_scores_a_checkpoint(tmp_path, tiny_model):

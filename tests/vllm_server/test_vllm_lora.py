@@ -4,12 +4,12 @@ adapters merged into the weights (TRL's _iter_named_params merges them for every
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers.paths import MAXENT_GRPO
 from helpers.recipes import SMOKE_VLLM, write_recipe
 from helpers.runs import run, step_logs
 from maxent_grpo.errors import EXIT_CHECKPOINTED
@@ -17,7 +17,6 @@ from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_comp
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("peft", reason="needs the peft extra: MAXENT_GRPO_EXTRAS=peft")
-MAXENT_GRPO = str(Path(sys.executable).parent / "maxent-grpo")  # this venv's launcher
 TEXT = "What is the sum of 12 plus 30? <think> 12 plus 30 </think> <answer> 42 </answer>"
 
 

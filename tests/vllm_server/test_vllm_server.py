@@ -48,7 +48,7 @@ def served(tmp_path_factory, tiny_model):
         max_steps=3,
         save_steps=1,
         # A dense reward, so that the weights really move between syncs.
-        reward_funcs=["tests.helpers.climbable_rewards:digit_fraction"],
+        reward_funcs=["digit_fraction"],
         reward_weights=[1.0],
         max_completion_length=16,
     )
