@@ -40,6 +40,8 @@ from benchlib import (
     write_recipe,
 )
 
+from maxent_grpo.launch.slurm import parse_record
+
 CLUSTER_SH = ROOT / "tests" / "slurm" / "cluster.sh"
 TINY_MODEL = ".cache/models/tiny-qwen2"
 STEP_LINE = "'loss'"
@@ -77,12 +79,7 @@ def cluster_env() -> tuple[dict | None, str]:
 
 def job_record(job: str, env: dict) -> dict:
     proc = sh(["scontrol", "show", "job", "-o", job], env=env, timeout=30)
-    record = {}
-    for token in proc.stdout.split():
-        key, sep, value = token.partition("=")
-        if sep:
-            record[key] = value
-    return record
+    return parse_record(proc.stdout)
 
 
 def read(path: Path | None) -> str:

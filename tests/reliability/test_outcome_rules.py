@@ -229,6 +229,16 @@ def test_after_a_node_loss_the_launcher_waits_for_slurm_to_requeue_within_its_ti
     assert ended == "ended the job (CANCELLED)"  # scancel: never requeued behind the user
 
 
+def test_an_scontrol_record_line_reads_as_a_dict():
+    from maxent_grpo.launch.slurm import parse_record
+
+    line = "JobId=12 JobName=training.sh JobState=RUNNING Reason=None Restarts=1 Comment=a=b x"
+    record = parse_record(line)
+    assert record["JobId"] == "12" and record["JobState"] == "RUNNING"
+    assert record["Restarts"] == "1" and record["Comment"] == "a=b"  # split at the first '='
+    assert "x" not in record
+
+
 def test_crash_grace_comes_from_the_environment_or_one_clear_line():
     from maxent_grpo.errors import UserError
     from maxent_grpo.launch.watchdog import CRASH_GRACE_S, crash_grace_s

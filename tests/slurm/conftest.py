@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from maxent_grpo.launch.slurm import parse_record
+
 HERE = Path(__file__).resolve().parent
 CLUSTER_SH = HERE / "cluster.sh"
 ENABLE_VAR = "MAXENT_GRPO_SLURM_TESTS"
@@ -86,16 +88,6 @@ def pytest_terminal_summary(terminalreporter) -> None:
             terminalreporter.write_line(f"{name}: {value:.1f}")
 
 
-def _parse_job_record(line: str) -> dict[str, str]:
-    """Parse one ``scontrol show job -o`` line into a dict (values may contain '=')."""
-    record: dict[str, str] = {}
-    for token in line.split():
-        key, sep, value = token.partition("=")
-        if sep:
-            record[key] = value
-    return record
-
-
 @dataclass
 class SlurmCluster:
     """Handle on the running test cluster."""
@@ -144,7 +136,7 @@ class SlurmCluster:
             if "Invalid job id" in proc.stderr:
                 return []
             raise RuntimeError(f"scontrol show job {job_id} failed: {proc.stderr.strip()}")
-        return [_parse_job_record(line) for line in proc.stdout.splitlines() if "JobId=" in line]
+        return [parse_record(line) for line in proc.stdout.splitlines() if "JobId=" in line]
 
     def state(self, job_id: str) -> str | None:
         """Current state of a job (array: the tasks' states joined by ',' when they differ)."""
@@ -206,7 +198,7 @@ class SlurmCluster:
     def node_record(self, node: str) -> dict[str, str]:
         """``scontrol -d show node -o NODE`` as a dict (NodeAddr, CPUTot, State, GresUsed, ...)."""
         (record,) = (
-            _parse_job_record(line)
+            parse_record(line)
             for line in self.run(["scontrol", "-d", "show", "node", "-o", node]).stdout.splitlines()
         )
         return record

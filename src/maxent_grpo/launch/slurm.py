@@ -128,8 +128,14 @@ def job_record(job: SlurmJob | None, timeout: float = 10.0) -> dict[str, str] | 
     lines = [line for line in result.stdout.splitlines() if "JobId=" in line]
     if result.returncode != 0 or not lines:
         return None
+    return parse_record(lines[0])
+
+
+def parse_record(line: str) -> dict[str, str]:
+    """One line of `scontrol show job -o` (or `show node -o`) as a dict: KEY=VALUE tokens, split
+    at the first '=' (values may hold more); tokens without one are skipped."""
     record = {}
-    for token in lines[0].split():
+    for token in line.split():
         key, sep, value = token.partition("=")
         if sep:
             record[key] = value
