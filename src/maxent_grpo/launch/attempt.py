@@ -27,7 +27,7 @@ from maxent_grpo.launch.outcomes import (
 from maxent_grpo.launch.overrides import server_environ
 from maxent_grpo.launch.plan import Plan
 from maxent_grpo.launch.processes import Child
-from maxent_grpo.launch.server import ServerWaitCancelled, launch_server
+from maxent_grpo.launch.server import launch_server
 from maxent_grpo.launch.slurm import (
     job_record,
     node_down_wait_s,
@@ -56,6 +56,7 @@ from maxent_grpo.rundir.checkpoints import (
 )
 from maxent_grpo.rundir.events import emit
 from maxent_grpo.rundir.heartbeat import clear_heartbeats, heartbeat_dir
+from maxent_grpo.vllm_health import ServerWaitCancelled
 
 # How long the trainers may take to finish a step and save after a SIGTERM reached every
 # process (Slurm preemption, scancel): torchrun's agent waits this long before it SIGKILLs

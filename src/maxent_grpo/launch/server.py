@@ -12,112 +12,17 @@ from __future__ import annotations
 
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from maxent_grpo.errors import UserError
 from maxent_grpo.launch.plan import ServerPlan
 from maxent_grpo.launch.processes import Child
+from maxent_grpo.vllm_health import (
+    HealthWait,
+    exit_message,
+)
 
-LOG_TAIL_LINES = 15
 POLL_SECONDS = 1.0
-PROBE_TIMEOUT = 5.0
-
-# No proxy for health probes: the server is on this node or a node of the same job.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-class ServerError(UserError):
-    """The vLLM server died or never became healthy."""
-
-
-class ServerWaitCancelled(Exception):
-    """A stop signal arrived while waiting for the server to become healthy."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"signal {signum} arrived while waiting for the vLLM server")
-        self.signum = signum
-
-
-def probe(url: str, timeout: float = PROBE_TIMEOUT) -> int | None:
-    """HTTP status of GET url, redirects followed (/health/ -> /health); None if no answer."""
-    try:
-        with _OPENER.open(url, timeout=timeout) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError, ValueError):
-        # Refused, reset, timed out, or garbage instead of HTTP: not up (yet).
-        return None
-
-
-def _indented_tail(child: Child, lines: int = LOG_TAIL_LINES) -> str:
-    tail = child.log_tail(lines).strip("\n")
-    if not tail:
-        return "\n    (the log is empty)"
-    return "\n" + "\n".join("    " + line for line in tail.splitlines())
-
-
-def exit_message(child: Child, code: int, when: str) -> str:
-    """One line saying what happened, then the last lines of the server's log."""
-    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-    return f"vLLM server {how} {when}; last lines of {child.log_path}:" + _indented_tail(child)
-
-
-class HealthWait:
-    """A server's wait for /health, one `check()` per poll (the caller sleeps between them).
-
-    Starts its clock when created (when the server process starts). A check raises
-    ServerError at once when the process exited, or once `timeout` seconds have passed, and
-    ServerWaitCancelled when `cancelled()` returns a signal number. child: the server's
-    process, or None for a server started elsewhere (the trainers' wait, train/vllm_connect.py).
-    """
-
-    def __init__(
-        self,
-        child: Child | None,
-        url: str,
-        timeout: float,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.child, self.url, self.timeout, self.clock = child, url, timeout, clock
-        self.start = clock()
-
-    def remaining(self) -> float:
-        return self.timeout - (self.clock() - self.start)
-
-    def check(self, cancelled: Callable[[], int | None] = lambda: None) -> float | None:
-        """The seconds it took once /health answered 200; None while still starting."""
-        signum = cancelled()
-        if signum:
-            raise ServerWaitCancelled(signum)
-        code = self.child.poll() if self.child is not None else None
-        if code is not None:
-            elapsed = self.clock() - self.start
-            when = f"{elapsed:.1f}s after start, before it answered {self.url}"
-            raise ServerError(exit_message(self.child, code, when))
-        last = probe(self.url, timeout=max(0.2, min(PROBE_TIMEOUT, self.remaining())))
-        if last == 200:
-            return self.clock() - self.start
-        if self.remaining() <= 0:
-            answer = f"last answer HTTP {last}" if last is not None else "no answer"
-            where = "check that a vLLM server runs there"
-            if self.child is not None:
-                where = f"see the last lines of {self.child.log_path}:" + _indented_tail(self.child)
-            raise ServerError(
-                f"vLLM server not healthy after {self.timeout:g}s (vllm_server_timeout) at "
-                f"{self.url} ({answer}); a big model may need a larger vllm_server_timeout, "
-                f"otherwise {where}"
-            )
-        return None
-
-    def wait(self, poll: float, cancelled: Callable[[], int | None] = lambda: None) -> float:
-        """Check every `poll` seconds until healthy; returns the seconds it took."""
-        while (took := self.check(cancelled)) is None:
-            time.sleep(max(0.0, min(poll, self.remaining())))
-        return took
 
 
 class VLLMServer:

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from maxent_grpo.errors import UserError
-from maxent_grpo.launch.server import ServerError, ServerWaitCancelled, probe
 from maxent_grpo.rundir.heartbeat import DUMP_SIGNAL, read_exit_reports, stacks_path
+from maxent_grpo.vllm_health import ServerError, ServerWaitCancelled, probe
 
 AUTO_FLOOR_S = 600.0
 AUTO_STARTUP_S = 1800.0

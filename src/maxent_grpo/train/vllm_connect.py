@@ -3,7 +3,7 @@
 The launcher starts the server and the trainers together (launch/attempt.py): the trainers
 import, load the model and the data, build the optimizer while the server boots, and the
 main process connects at the first generation or weight sync. The connection first waits
-for /health with the recipe's `vllm_server_timeout` (launch/server.py HealthWait: a bound on
+for /health with the recipe's `vllm_server_timeout` (vllm_health.py HealthWait: a bound on
 each request and on the whole wait) and fails with one line (ServerError, a UserError) if
 the server never answers 200. TRL's own wait (VLLMClient.check_server) has no request
 timeout and retries a non-200 answer forever; after ours it succeeds at once.
@@ -20,6 +20,8 @@ from __future__ import annotations
 import functools
 import logging
 
+from maxent_grpo.vllm_health import HealthWait
+
 logger = logging.getLogger(__name__)
 
 LOGPROBS_MODE = "processed_logprobs"  # what TRL's importance sampling correction needs
@@ -27,8 +29,6 @@ LOGPROBS_MODE = "processed_logprobs"  # what TRL's importance sampling correctio
 
 def wait_for_server(base_url: str, timeout: float, poll: float = 1.0) -> float:
     """Wait until base_url/health answers 200; raises ServerError after `timeout` seconds."""
-    from maxent_grpo.launch.server import HealthWait
-
     url = f"{base_url.rstrip('/')}/health"
     # print, not logging: shown whatever the log level (the main process only calls this)
     print(f"Waiting for the vLLM server at {url} (vllm_server_timeout {timeout:g}s)", flush=True)
