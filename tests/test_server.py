@@ -19,15 +19,10 @@ from helpers.procs import live_processes, wait_until_gone
 from maxent_grpo.launch import watchdog as watchdog_module
 from maxent_grpo.launch.plan import ServerPlan
 from maxent_grpo.launch.processes import Child, free_port
-from maxent_grpo.launch.server import (
-    ServerError,
-    ServerWaitCancelled,
-    VLLMServer,
-    launch_server,
-    probe,
-)
+from maxent_grpo.launch.server import VLLMServer, launch_server
 from maxent_grpo.launch.watchdog import Watchdog, watch_training
 from maxent_grpo.rundir.heartbeat import Heartbeat
+from maxent_grpo.vllm_health import ServerError, ServerWaitCancelled, probe
 
 PY = sys.executable
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from maxent_grpo.launch.processes import free_port
-from maxent_grpo.launch.server import ServerError
 from maxent_grpo.train.vllm_connect import deferred_generation_class, wait_for_server
+from maxent_grpo.vllm_health import ServerError
 
 
 class _Health(BaseHTTPRequestHandler):

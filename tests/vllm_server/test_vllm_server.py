@@ -22,8 +22,9 @@ from helpers.recipes import SMOKE_VLLM, write_recipe
 from helpers.runs import REPO, child_env, log_history
 from maxent_grpo.launch.plan import Environment, Ports, make_plan
 from maxent_grpo.launch.processes import free_port
-from maxent_grpo.launch.server import VLLMServer, probe
+from maxent_grpo.launch.server import VLLMServer
 from maxent_grpo.recipe import read_recipe
+from maxent_grpo.vllm_health import probe
 
 pytestmark = pytest.mark.vllm
 
