@@ -15,9 +15,8 @@ import pytest
 
 from helpers.recipes import write_recipe
 from helpers.runs import REPO, child_env
-from maxent_grpo.maxent.controllers import KLController
 from maxent_grpo.rundir.checkpoints import RUN_MARKER, last_complete_checkpoint
-from maxent_grpo.train.adaptive_kl import KL_STATE_FILE
+from maxent_grpo.train.adaptive_kl import KL_STATE_FILE, KLController
 
 GRPO = REPO / "src" / "grpo.py"
 INIT_BETA, TARGET = 0.05, 0.002

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from maxent_grpo.maxent.config import MaxEntConfig
-from maxent_grpo.maxent.controllers import KLController, TauController
+from maxent_grpo.maxent.controllers import TauController
 from maxent_grpo.maxent.weights import (
     informative_groups,
     listwise_target_log_q,
@@ -20,6 +20,7 @@ from maxent_grpo.maxent.weights import (
     weighted_policy_loss,
 )
 from maxent_grpo.recipe import ConfigError, parse_recipe
+from maxent_grpo.train.adaptive_kl import KLController
 
 K = 4
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"

@@ -23,7 +23,7 @@ import trl
 
 from maxent_grpo.errors import UserError
 from maxent_grpo.maxent.config import MaxEntConfig
-from maxent_grpo.maxent.controllers import KLController, TauController
+from maxent_grpo.maxent.controllers import TauController
 from maxent_grpo.maxent.weights import (
     informative_groups,
     maxent_weights,
@@ -32,6 +32,7 @@ from maxent_grpo.maxent.weights import (
     weighted_policy_loss,
 )
 from maxent_grpo.rundir.checkpoints import write_json_atomic
+from maxent_grpo.train.adaptive_kl import KLController
 from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin
 from maxent_grpo.train.data_order import EpochOrderMixin
 from maxent_grpo.train.vllm_sync import VLLMSyncMixin

@@ -1,6 +1,6 @@
 """Adaptive KL coefficient for GRPO: TRL's `beta` steered toward `kl_target`.
 
-The controller is MaxEnt-GRPO's (maxent/controllers.py `KLController`, Ziegler et al. 2019):
+The controller (`KLController`, Ziegler et al. 2019; MaxEnt-GRPO steers its beta with it too):
 after every optimizer step, beta <- beta * (1 + clip(KL / kl_target - 1, -0.2, 0.2) * n /
 kl_horizon), with KL the mean of TRL's `kl` metric (per-token k3 estimate of KL(policy ||
 reference), gathered over processes) over the step's micro-batches and n the step's
@@ -18,14 +18,59 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
-from maxent_grpo.maxent.controllers import KLController
 from maxent_grpo.rundir.checkpoints import write_json_atomic
 
 KL_STATE_FILE = "kl_controller_state.json"
 
 logger = logging.getLogger("maxent_grpo")
+
+
+class KLController:
+    """Adaptive KL coefficient of Ziegler et al. (2019), "Fine-Tuning Language Models from
+    Human Preferences", section 2.2:
+
+        beta <- beta * (1 + clip(KL / target - 1, -0.2, 0.2) * n / horizon)
+
+    n is the number of samples since the last update. Too much KL raises beta (a stronger pull
+    toward the reference), too little lowers it. Without target/horizon beta stays fixed.
+    """
+
+    ERROR_CLIP = 0.2
+
+    def __init__(self, init_beta: float, target: float | None = None, horizon: int | None = None):
+        if init_beta < 0:
+            raise ValueError(f"init_beta must be >= 0, got {init_beta}")
+        if (target is None) != (horizon is None):
+            raise ValueError("set both target and horizon for an adaptive beta, or neither")
+        if target is not None and (target <= 0 or horizon <= 0 or init_beta <= 0):
+            raise ValueError("an adaptive beta needs target > 0, horizon > 0 and init_beta > 0")
+        self.beta = float(init_beta)
+        self.target = target
+        self.horizon = horizon
+
+    @property
+    def adaptive(self) -> bool:
+        return self.target is not None
+
+    def update(self, kl: float, num_samples: int) -> float:
+        """Step beta with the KL measured on num_samples samples; returns the new beta.
+
+        A non-finite KL (e.g. no tokens were measured) leaves beta unchanged.
+        """
+        if not self.adaptive or not math.isfinite(kl) or num_samples <= 0:
+            return self.beta
+        error = min(max(kl / self.target - 1.0, -self.ERROR_CLIP), self.ERROR_CLIP)
+        self.beta = float(self.beta * (1.0 + error * num_samples / self.horizon))
+        return self.beta
+
+    def state_dict(self) -> dict:
+        return {"beta": self.beta}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.beta = float(state["beta"])
 
 
 class AdaptiveKLMixin:
