@@ -24,6 +24,17 @@ from transformers import AutoTokenizer
 
 from maxent_grpo.data import builtin_dataset
 from maxent_grpo.rewards import get_reward_funcs
+from maxent_grpo.timers import timed
+
+
+class TimedSaves(trl.GRPOTrainer):
+    """TRL's trainer, its checkpoint saves timed into the timer ours records them in
+    ("checkpoint_save", maxent_grpo/timers.py), for bench/bench_overhead.py's comparison."""
+
+    def _save_checkpoint(self, model, trial):
+        with timed("checkpoint_save"):
+            return super()._save_checkpoint(model, trial)
+
 
 # Recipe keys that are not GRPOConfig fields, and what this script does with them.
 OWN_KEYS = {
@@ -104,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    trainer = trl.GRPOTrainer(
+    trainer = TimedSaves(
         model=model,
         reward_funcs=get_reward_funcs(recipe["reward_funcs"], **reward_settings(recipe)),
         args=config,

@@ -41,8 +41,8 @@ from bench_vllm import vllm_figures, vllm_run
 from benchlib import (
     BARE_SCRIPT,
     PYTHON,
-    ROOT,
-    SMOKE_GRPO,
+    REPO,
+    SMOKE,
     Measurement,
     bench_parser,
     child_env,
@@ -149,7 +149,7 @@ def startup_ab(recipe: Path, workdir: Path, repeats: int) -> dict:
 
 def json_probe(cmd: list[str], what: str, tail: int) -> dict:
     """Run a probe in a fresh interpreter; its last output line is a JSON object."""
-    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{what} failed:\n{proc.stderr[-tail:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -165,13 +165,13 @@ def timed_command(cmd: list[str], repeats: int) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, check=True)
+        subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, check=True)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
 def phases(recipe: Path, workdir: Path) -> dict:
-    cmd = [PYTHON, str(ROOT / "bench" / "launcher_phases.py"), str(recipe), str(workdir / "logs")]
+    cmd = [PYTHON, str(REPO / "bench" / "launcher_phases.py"), str(recipe), str(workdir / "logs")]
     result = json_probe(cmd, "launcher_phases.py", 3000)
     result["setup_env_s"] = timed_command(["bash", "scripts/setup_env.sh"], 3)
     result["python_start_s"] = timed_command([PYTHON, "-c", "pass"], 3)
@@ -183,8 +183,9 @@ def measure(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-launcher-") as tmp:
         workdir = Path(tmp)
         recipe = write_recipe(
-            SMOKE_GRPO,
-            workdir / "recipe.yaml",
+            workdir,
+            SMOKE,
+            "recipe.yaml",
             model_name_or_path=TINY_MODEL,
             max_steps=2,
             save_steps=10_000,
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
 
     measurement = Measurement("launcher", args.output)
-    ensure_tiny_model(ROOT / DEFAULT_TINY_MODEL_DIR)  # built once, outside the timings
+    ensure_tiny_model(REPO / DEFAULT_TINY_MODEL_DIR)  # built once, outside the timings
     results = measure(args)
     ab, probe, parts = results["startup_ab"], results["import_and_load"], results["phases"]
     figures = launcher_figures(ab, probe, parts) + vllm_figures(results["vllm"])

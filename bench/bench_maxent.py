@@ -29,13 +29,12 @@ import time
 from pathlib import Path
 
 import yaml
-from benchlib import RESULTS_DIR, ROOT, bench_parser
+from benchlib import REPO, RESULTS_DIR, SMOKE_MAXENT, bench_parser
 
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint
 from maxent_grpo.tiny_model import build_tiny_model
 
 RESULTS = RESULTS_DIR / "maxent_vs_grpo.json"
-SMOKE_MAXENT = ROOT / "recipes" / "smoke" / "config_maxent.yaml"
 TARGET_RATIO = 1.10
 KL_COEFF = 0.04
 COMPONENT_LENGTH = 32  # completion tokens of the in-process timings
@@ -82,7 +81,7 @@ def run(method: str, recipe: Path, output_dir: Path, logs: Path, processes: int)
         str(processes),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{method} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     checkpoint = last_complete_checkpoint(output_dir)

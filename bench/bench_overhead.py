@@ -22,7 +22,8 @@ ABBA over --repeats rounds, medians pooled over rounds):
   the machine is busy;
 - peak RSS ratio ours/bare: peak RSS summed over the training processes.
 - accounted ratio: (bare's median step + what ours adds per step) / bare's step, with the
-  additions timed inside the processes (steptimer): the stop-request callback's on_step_end
+  additions timed inside the processes (the product's timers, maxent_grpo/timers.py, which
+  steptimer reads at exit): the stop-request callback's on_step_end
   (a file check and an all-reduce), the reward guard around the reward functions, the
   heartbeat writes (step end, around each generation), the step events (events.jsonl), and
   the extra time of our checkpoint save (fsync of every file, marker, rotation) / save_steps.
@@ -50,8 +51,8 @@ from pathlib import Path
 import yaml
 from benchlib import (
     BARE_SCRIPT,
-    ROOT,
-    SMOKE_GRPO,
+    REPO,
+    SMOKE,
     STEPTIMER,
     Measurement,
     bench_parser,
@@ -79,7 +80,7 @@ def run_once(side: str, processes: int, recipe: Path, workdir: Path, tag: str) -
     with open(log, "wb") as handle:
         proc = subprocess.run(
             cmd,
-            cwd=ROOT,
+            cwd=REPO,
             env=child_env(**planned.env, STEPTIMER_OUT=str(timer_dir)),
             stdout=handle,
             stderr=subprocess.STDOUT,
@@ -104,18 +105,21 @@ def steady(record: dict, warmup: int) -> dict:
     stamps = rank0["step_end"]
     pairs = [(a, b) for a, b in zip(stamps, stamps[1:]) if b[0] > warmup]
     steps = len(stamps) or 1
+    timers = rank0.get("timers", {})
+
+    def total(name: str) -> float:
+        return timers.get(name, {}).get("total_s", 0.0)
+
     return {
         "step_time_s": step_times,
         "wall_step_s": [b[1] - a[1] for a, b in pairs],
-        # Timed in the process itself (steptimer): what ours adds to a step, part by part.
-        "save_s": rank0.get("save_s", []),
-        "stop_callback_s": rank0.get("callback_s", {}).get("StopOnRequest", []),
-        "guard_per_step_s": [sum(rank0.get("guard_overhead_s", [])) / steps],
+        # The product's own timers (maxent_grpo/timers.py): what ours adds, part by part.
+        "save_s": timers.get("checkpoint_save", {}).get("recent_s", []),
+        "stop_callback_s": timers.get("stop_callback", {}).get("recent_s", []),
+        "guard_per_step_s": [(total("reward_guard") - total("reward_func")) / steps],
         # Every beat (step end, around each generation, saves): a per-step figure.
-        "heartbeat_per_step_s": [sum(rank0.get("heartbeat_s", [])) / steps],
-        "step_events_per_step_s": [
-            sum(rank0.get("log_callback_s", {}).get("StepEvents", [])) / steps
-        ],
+        "heartbeat_per_step_s": [total("heartbeat") / steps],
+        "step_events_per_step_s": [total("step_events") / steps],
         "cpu_step_s": [b[2] - a[2] for a, b in pairs],
         "peak_rss_mib": sum(record["peak_rss_kib"]) / 1024,
         "train_begin_s": rank0["train_begin"],
@@ -278,8 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         model = build_tiny_model(workdir / "tiny-qwen2")
         recipe = write_recipe(
-            SMOKE_GRPO,
-            workdir / "recipe.yaml",
+            workdir,
+            SMOKE,
+            "recipe.yaml",
             model_name_or_path=str(model),
             max_steps=args.steps,
             logging_steps=1,

@@ -31,8 +31,8 @@ from datetime import datetime
 from pathlib import Path
 
 from benchlib import (
-    ROOT,
-    SMOKE_GRPO,
+    REPO,
+    SMOKE,
     Measurement,
     bench_parser,
     figure,
@@ -42,7 +42,7 @@ from benchlib import (
 
 from maxent_grpo.launch.slurm import parse_record
 
-CLUSTER_SH = ROOT / "tests" / "slurm" / "cluster.sh"
+CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
 TINY_MODEL = ".cache/models/tiny-qwen2"
 STEP_LINE = "'loss'"
 STOPPED_RE = re.compile(r"Stopped on request after step (\d+); saved (\S+)")
@@ -54,7 +54,7 @@ RESTART_TARGET_S = 8.0
 
 
 def sh(args: list[str], env: dict | None = None, timeout: float = 60):
-    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def cluster_env() -> tuple[dict | None, str]:
@@ -109,8 +109,9 @@ def end_job(job: str, env: dict, timeout: float = 120) -> None:
 def submit(env: dict, workdir: Path, logs: Path) -> str:
     """`sbatch training.sh` with the smoke recipe: 400 steps, no periodic checkpoint."""
     recipe_path = write_recipe(
-        SMOKE_GRPO,
-        workdir / "recipe.yaml",
+        workdir,
+        SMOKE,
+        "recipe.yaml",
         model_name_or_path=TINY_MODEL,
         output_dir=str(workdir / "out"),
         max_steps=400,
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
 
-    ensure_tiny_model(ROOT / DEFAULT_TINY_MODEL_DIR)
+    ensure_tiny_model(REPO / DEFAULT_TINY_MODEL_DIR)
     with tempfile.TemporaryDirectory(prefix="bench-requeue-") as tmp:
         try:
             info = measure(env, Path(tmp), args.steps_before, args.timeout)

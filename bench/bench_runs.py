@@ -29,10 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import REPO
+
 from maxent_grpo.rundir.events import emit, events_path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "runs.json"
+RESULTS = REPO / "bench" / "results" / "runs.json"
 TARGET_S = 1.0
 BIG_LOG_BYTES = 2 * 1024**3
 
@@ -190,14 +191,15 @@ def _report(args, log_bytes: int, event_bytes: int) -> dict:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--steps", type=int, default=200, help="logged steps per run")
     parser.add_argument("--big", type=int, default=10, help="runs with long event logs")
     parser.add_argument("--big-steps", type=int, default=20_000, help="their logged steps")
     parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--output", type=Path, default=RESULTS, help="JSON results file")
+    args = parser.parse_args(argv)
 
     from maxent_grpo.runs import collect_runs, format_table
 
@@ -240,9 +242,9 @@ def main() -> int:
         f"`maxent-grpo runs` wall first {cli_first * 1000:.0f} ms, "
         f"median {cli_median * 1000:.0f} ms"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output}")
     if wrong:
         print(f"FAIL: wrong states: {wrong}")
         return 1

@@ -115,8 +115,9 @@ def vllm_run(workdir: Path, steps: int) -> dict:
         return {"skipped": "vllm not installed"}
     out = workdir / "out-vllm"
     recipe = write_recipe(
+        workdir,
         SMOKE_VLLM,
-        workdir / "vllm.yaml",
+        "vllm.yaml",
         model_name_or_path=".cache/models/tiny-qwen2",
         output_dir=str(out),
         max_steps=steps,

@@ -26,16 +26,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+# The tests' helpers are bench's too: one repository root, one recipe writer (tests/helpers).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS_DIR = ROOT / "bench" / "results"
-PYTHON = sys.executable
+from helpers.paths import PYTHON, REPO, SMOKE, SMOKE_MAXENT, SMOKE_VLLM  # noqa: E402
+from helpers.recipes import write_recipe  # noqa: E402
+
+__all__ = ["PYTHON", "REPO", "SMOKE", "SMOKE_MAXENT", "SMOKE_VLLM", "write_recipe"]
+
+RESULTS_DIR = REPO / "bench" / "results"
 BIN = Path(PYTHON).parent
-STEPTIMER = ROOT / "bench" / "steptimer.py"
-BARE_SCRIPT = ROOT / "bench" / "bare_trl_grpo.py"
-SMOKE_GRPO = ROOT / "recipes" / "smoke" / "config_grpo.yaml"
-SMOKE_VLLM = ROOT / "recipes" / "smoke" / "config_grpo_vllm.yaml"
+STEPTIMER = REPO / "bench" / "steptimer.py"
+BARE_SCRIPT = REPO / "bench" / "bare_trl_grpo.py"
 
 
 def loadavg() -> list[float]:
@@ -62,14 +64,6 @@ def child_env(**extra: str) -> dict[str, str]:
     }
     env.update(extra)
     return env
-
-
-def write_recipe(base: Path, path: Path, **overrides) -> Path:
-    """A copy of the recipe `base` at `path`, with some keys set."""
-    recipe = yaml.safe_load(base.read_text())
-    recipe.update(overrides)
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return path
 
 
 @dataclass(frozen=True)
@@ -134,7 +128,7 @@ class TimedRun:
 def run_timestamped(
     cmd: Sequence[str],
     env: dict[str, str] | None = None,
-    cwd: Path = ROOT,
+    cwd: Path = REPO,
     timeout: float = 600,
     stop_when: Callable[[str], bool] | None = None,
 ) -> TimedRun:

@@ -3,10 +3,10 @@
     .venv/bin/python bench/launcher_phases.py RECIPE LOGS_DIR
 
 Run by bench/bench_launcher.py. Does what `maxent-grpo run` does before the trainers start,
-in the same order (maxent_grpo.launch.launcher.prepare, then the Popen of a child), timing each
-phase by wrapping, for the call only, the functions prepare() calls (the product code is not
-changed; prepare() imports no torch, TRL or datasets: `launcher_heavy_modules` lists any that
-were, and must stay empty), then times the trainer-side parse and checks of src/grpo.py
+in the same order (maxent_grpo.launch.launcher.prepare, then the Popen of a child); each
+phase's time is what prepare() records in its own timers (maxent_grpo/timers.py: "prepare: ...").
+prepare() imports no torch, TRL or datasets: `launcher_heavy_modules` lists any that were, and
+must stay empty. Then it times the trainer-side parse and checks of src/grpo.py
 (parse_recipe + check_recipe for the planned world size) next to what a bare TRL script does
 instead (yaml + trl.GRPOConfig). Prints one JSON object.
 """
@@ -18,7 +18,6 @@ import time
 _T0 = time.perf_counter()
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
@@ -38,58 +37,20 @@ def time_imports(phases: dict[str, float]) -> None:
         phases[label] = time.perf_counter() - start
 
 
-def timers():
-    """(module, function name, label) of every phase prepare() goes through."""
-    from maxent_grpo.launch import launcher
-    from maxent_grpo.recipe import checks
-
-    return [
-        (launcher, "read_recipe", "prepare: read_recipe (YAML, schema keys, types, ranges)"),
-        (launcher, "check_installed", "prepare: check_installed"),
-        (launcher, "ensure_tiny_model", "prepare: ensure_tiny_model (cached)"),
-        (launcher, "free_port", "prepare: free ports"),
-        (launcher, "environment_from_os", "prepare: environment"),
-        (launcher, "make_plan", "prepare: make_plan"),
-        (checks, "batch_for_processes", "prepare: batch arithmetic"),
-        (checks, "check_model_path", "prepare: check_model_path"),
-        (checks, "check_output_dir", "prepare: check_output_dir"),
-        (launcher, "check_keys", "prepare: check_keys (total)"),
-    ]
-
-
-@contextlib.contextmanager
-def timed_phases(phases: dict[str, float]):
-    """Wrap every timer's function to add its time to phases[label]; unwrap on the way out."""
-    originals = []
-    for module, name, label in timers():
-        original = getattr(module, name)
-        originals.append((module, name, original))
-
-        def wrapper(*args, _original=original, _label=label, **kwargs):
-            start = time.perf_counter()
-            try:
-                return _original(*args, **kwargs)
-            finally:
-                phases[_label] = phases.get(_label, 0.0) + time.perf_counter() - start
-
-        setattr(module, name, wrapper)
-    try:
-        yield
-    finally:
-        for module, name, original in originals:
-            setattr(module, name, original)
-
-
 def launcher_part(recipe: str, logs_dir: Path, phases: dict[str, float]):
     """prepare() phase by phase, then the Popen of a child as the launcher's Child does it
     (own session, log file). Returns the plan and the launcher's time up to the Popen."""
+    from maxent_grpo import timers
     from maxent_grpo.launch import launcher
     from maxent_grpo.launch.processes import Child
 
-    with timed_phases(phases):
-        start = time.perf_counter()
-        prepared = launcher.prepare(launcher.RunRequest(recipe=recipe, logs_dir=logs_dir))
-        phases["prepare (total)"] = time.perf_counter() - start
+    timers.reset()
+    start = time.perf_counter()
+    prepared = launcher.prepare(launcher.RunRequest(recipe=recipe, logs_dir=logs_dir))
+    phases["prepare (total)"] = time.perf_counter() - start
+    for name, timer in timers.timings().items():
+        if name.startswith("prepare: "):
+            phases[name] = timer["total_s"]
     start = time.perf_counter()
     describe = prepared.plan.describe()
     phases["plan.describe"] = time.perf_counter() - start
@@ -103,7 +64,7 @@ def launcher_part(recipe: str, logs_dir: Path, phases: dict[str, float]):
 
 
 def trainer_part(recipe: str, world_size: int) -> tuple[float, float]:
-    """Every rank's parse + checks (as maxent_grpo.train.entry.cli_main makes them), against a
+    """Every rank's parse + checks (as maxent_grpo.train_process.cli_main makes them), against a
     bare script's config build; the imports are already paid."""
     import dataclasses
 

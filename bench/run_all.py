@@ -27,8 +27,8 @@ import time
 
 from benchlib import (
     PYTHON,
+    REPO,
     RESULTS_DIR,
-    ROOT,
     figure,
     format_figure,
     loadavg,
@@ -36,7 +36,7 @@ from benchlib import (
     verdict,
 )
 
-BENCH = ROOT / "bench"
+BENCH = REPO / "bench"
 # name -> (script, arguments, results file). Sized for ~15 minutes on a 2-core CPU VM.
 BENCHMARKS = {
     "overhead": ("bench_overhead.py", ["--steps", "30", "--repeats", "4,3"], "overhead.json"),
@@ -89,7 +89,7 @@ def run_benchmark(name: str) -> dict:
     path = BENCH / script
     entry = {"name": name, "script": f"bench/{script}", "load_before": loadavg()}
     if not path.is_file():
-        print(f"== {name}: skipped: {path.relative_to(ROOT)} does not exist", flush=True)
+        print(f"== {name}: skipped: {path.relative_to(REPO)} does not exist", flush=True)
         entry.update(status="skipped", figures=[])
         return entry
     output = RESULTS_DIR / results_file
@@ -98,7 +98,7 @@ def run_benchmark(name: str) -> dict:
     started = time.monotonic()
     wall_start = time.time()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(command, cwd=ROOT, env=env)
+    proc = subprocess.run(command, cwd=REPO, env=env)
     entry.update(wall_s=time.monotonic() - started, load_after=loadavg())
     entry["returncode"] = proc.returncode
     fresh = output.is_file() and output.stat().st_mtime >= wall_start

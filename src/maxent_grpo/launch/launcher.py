@@ -20,6 +20,7 @@ from maxent_grpo.launch.processes import free_port, slurm_nodes
 from maxent_grpo.launch.requirements import check_installed
 from maxent_grpo.recipe import RecipeKeys, read_recipe
 from maxent_grpo.recipe.checks import check_keys
+from maxent_grpo.timers import timed
 from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
 
 
@@ -101,26 +102,34 @@ def prepare(
     PEFT; launch/requirements.py); `maxent-grpo plan` only describes and skips it.
     Raises UserError (one line) for anything wrong with the recipe or the allocation.
     """
+    # Each phase's time goes to a timer (maxent_grpo/timers.py; bench/launcher_phases.py).
     overrides = env_overrides(environ)
-    keys = read_recipe(request.argv(overrides.flags), _method(request, overrides))
+    with timed("prepare: read_recipe"):
+        keys = read_recipe(request.argv(overrides.flags), _method(request, overrides))
     if packages:
         from maxent_grpo.recipe.problems import rule
 
-        with rule(keys.path):  # under `maxent-grpo check`, reported with the recipe's problems
+        # under `maxent-grpo check`, reported with the recipe's problems
+        with timed("prepare: check_installed"), rule(keys.path):
             check_installed(keys.path, keys.values)
     if keys.model_name_or_path and Path(keys.model_name_or_path) == DEFAULT_TINY_MODEL_DIR:
-        ensure_tiny_model(DEFAULT_TINY_MODEL_DIR)
-    vllm_port = overrides.vllm_port or free_port()
-    ports = Ports(vllm=vllm_port, vllm_group=free_port(), main_process=free_port())
-    environment = environment or environment_from_os(environ)
+        with timed("prepare: ensure_tiny_model"):
+            ensure_tiny_model(DEFAULT_TINY_MODEL_DIR)
+    with timed("prepare: free ports"):
+        vllm_port = overrides.vllm_port or free_port()
+        ports = Ports(vllm=vllm_port, vllm_group=free_port(), main_process=free_port())
+    with timed("prepare: environment"):
+        environment = environment or environment_from_os(environ)
     if keys.use_cpu:
         # use_cpu: true trains on CPU even where GPUs are visible (e.g. Slurm's fake GPUs).
         environment = dataclasses.replace(environment, gpus=())
-    plan = make_plan(environment, keys, ports)
-    if full:
-        _build_and_check(keys, plan)
-    else:
-        check_keys(keys, plan.train.num_processes)
+    with timed("prepare: make_plan"):
+        plan = make_plan(environment, keys, ports)
+    with timed("prepare: checks"):
+        if full:
+            _build_and_check(keys, plan)
+        else:
+            check_keys(keys, plan.train.num_processes)
     return Prepared(keys=keys, plan=plan, notes=overrides.notes)
 
 

@@ -7,6 +7,7 @@ import signal
 import threading
 
 from maxent_grpo.rewards.common import RewardFunc
+from maxent_grpo.timers import timed
 
 logger = logging.getLogger("maxent_grpo.rewards")
 
@@ -23,7 +24,8 @@ class RewardTimeout(Exception):
 def _call_with_timeout(func: RewardFunc, timeout: float | None, completions, **kwargs):
     # SIGALRM only works on the main thread (where TRL scores rewards); elsewhere: no limit.
     if not timeout or threading.current_thread() is not threading.main_thread():
-        return func(completions, **kwargs)
+        with timed("reward_func"):
+            return func(completions, **kwargs)
 
     def on_alarm(_signum, _frame):
         raise RewardTimeout(f"no result after {timeout:g}s")
@@ -31,7 +33,8 @@ def _call_with_timeout(func: RewardFunc, timeout: float | None, completions, **k
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        return func(completions, **kwargs)
+        with timed("reward_func"):
+            return func(completions, **kwargs)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -46,6 +49,11 @@ class GuardedReward:
         self.__name__ = getattr(func, "__name__", type(func).__name__)
 
     def __call__(self, completions, **kwargs):
+        # reward_guard less reward_func: what the policy costs (bench/bench_overhead.py)
+        with timed("reward_guard"):
+            return self._guarded(completions, kwargs)
+
+    def _guarded(self, completions, kwargs):
         try:
             scores = _call_with_timeout(self.func, self.timeout, completions, **kwargs)
             failures = 0

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from maxent_grpo.errors import UserError
+from maxent_grpo.timers import timed
 
 HEARTBEAT_DIR = ".heartbeat"
 # Real-time signal: nothing else uses it (Slurm's warnings are SIGUSR1/SIGUSR2, torchrun's
@@ -73,6 +74,10 @@ class Heartbeat:
         self.slowest_step_s = 0.0
 
     def beat(self, phase: str, step: int | None = None) -> None:
+        with timed("heartbeat"):
+            self._beat(phase, step)
+
+    def _beat(self, phase: str, step: int | None) -> None:
         now = time.monotonic()
         if phase == self.phase and phase == "evaluate" and now - self.written < _MIN_REPEAT_S:
             return

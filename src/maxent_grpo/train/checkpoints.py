@@ -22,6 +22,7 @@ from maxent_grpo.rundir.checkpoints import (
     stop_requested,
 )
 from maxent_grpo.rundir.events import emit
+from maxent_grpo.timers import timed
 
 
 class CompleteCheckpointsMixin:
@@ -31,6 +32,10 @@ class CompleteCheckpointsMixin:
     """
 
     def _save_checkpoint(self, model, trial):
+        with timed("checkpoint_save"):
+            self._save_complete_checkpoint(model, trial)
+
+    def _save_complete_checkpoint(self, model, trial):
         run_dir = Path(self._get_output_dir(trial=trial))
         checkpoint_dir = run_dir / f"checkpoint-{self.state.global_step}"
         if (checkpoint_dir / CHECKPOINT_MARKER).is_file():
@@ -135,10 +140,11 @@ def make_stop_callback(trainer):
             failpoint("step_begin", state.global_step + 1)
 
         def on_step_end(self, args, state, control, **kwargs):
-            seen = stop_signalled() or stop_requested(args.output_dir)
-            if trainer.accelerator.num_processes > 1:
-                flag = torch.tensor([float(seen)], device=trainer.accelerator.device)
-                seen = trainer.accelerator.reduce(flag, "sum").item() > 0
+            with timed("stop_callback"):
+                seen = stop_signalled() or stop_requested(args.output_dir)
+                if trainer.accelerator.num_processes > 1:
+                    flag = torch.tensor([float(seen)], device=trainer.accelerator.device)
+                    seen = trainer.accelerator.reduce(flag, "sum").item() > 0
             if seen:
                 self.stopped = True
                 control.should_save = True

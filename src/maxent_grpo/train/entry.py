@@ -1,30 +1,29 @@
-"""The training entry point: `python -m maxent_grpo.train`, `src/grpo.py`, `src/maxent-grpo.py`.
+"""Training one recipe: train() builds the trainer and runs it (train_process.py is the main).
 
 train() is deliberately thin: data, rewards, tokenizer, TRL trainer, resume from the last
 complete checkpoint, final save, completion marker. Everything that can be checked before a
 model is loaded is checked first (recipe.checks), so a bad recipe costs seconds, not a GPU
-slot. The method (grpo | maxent) picks the recipe sections and the trainer class
-(maxent_grpo.methods).
+slot. The method (grpo | maxent) picks the recipe sections (recipe/sections.py) and the
+trainer class (train_process.py `trainer_class`).
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import json
 import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
 from maxent_grpo.errors import (
-    EXIT_CHECKPOINTED,
-    EXIT_USER_ERROR,
     ConfigError,
     UserError,
-    error_report,
     exception_text,
 )
 from maxent_grpo.faults import failpoint
@@ -33,9 +32,9 @@ from maxent_grpo.rundir.checkpoints import (
     mark_run_complete,
     run_is_complete,
 )
-from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin, make_stop_callback
+from maxent_grpo.rundir.events import emit
+from maxent_grpo.train.checkpoints import make_stop_callback
 from maxent_grpo.train.heartbeat import attach_heartbeat
-from maxent_grpo.train.unused_libraries import mark_unused_libraries_absent
 from maxent_grpo.train.wandb_run import export_wandb_run, make_wandb_step_callback, uses_wandb
 
 
@@ -104,52 +103,30 @@ def _model_init_kwargs(model_args, training_args) -> dict:
 
 def _is_final(checkpoint: Path, training_args) -> bool:
     """Whether a checkpoint already holds the last training step of this recipe."""
-    import json
-
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     max_steps = training_args.max_steps if training_args.max_steps > 0 else state["max_steps"]
     return state["global_step"] >= max_steps
 
 
-def grpo_trainer_class():
-    """TRL's GRPOTrainer with an adaptive beta (kl_target, kl_horizon), complete-checkpoint
-    marking, the data order of an uninterrupted run on resume, and vLLM weight sync.
-
-    Imported lazily: TRL is slow.
-    """
-    import trl
-
-    from maxent_grpo.train.adaptive_kl import AdaptiveKLMixin
-    from maxent_grpo.train.data_order import EpochOrderMixin
-    from maxent_grpo.train.vllm_sync import VLLMSyncMixin
-
-    # AdaptiveKLMixin first: its checkpoint state loads on every path of the others.
-    class GRPOTrainer(
-        AdaptiveKLMixin, CompleteCheckpointsMixin, EpochOrderMixin, VLLMSyncMixin, trl.GRPOTrainer
-    ):
-        pass
-
-    return GRPOTrainer
-
-
 def make_step_event_callback():
     """A TrainerCallback: a `step` event (rundir/events.py) for every log of the main process."""
-    from transformers import TrainerCallback
+    from transformers import TrainerCallback  # deferred: transformers is slow to import
 
-    from maxent_grpo.rundir.events import emit
+    from maxent_grpo.timers import timed
 
     class StepEvents(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not state.is_world_process_zero or not logs:
                 return
             metrics = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and k != "step"}
-            emit(
-                args.output_dir,
-                "step",
-                step=state.global_step,
-                metrics=metrics,
-                max_steps=state.max_steps,
-            )
+            with timed("step_events"):
+                emit(
+                    args.output_dir,
+                    "step",
+                    step=state.global_step,
+                    metrics=metrics,
+                    max_steps=state.max_steps,
+                )
 
     return StepEvents()
 
@@ -255,9 +232,10 @@ def _save_final(trainer, output_dir: Path, method: str, train_loss: float | None
         logger.info("Training complete; model saved to %s", output_dir)
 
 
-def train(recipe, trainer_class=None) -> None:
-    """Train one checked recipe to completion (or to the next checkpoint when stopped)."""
-    from transformers import set_seed
+def train(recipe, trainer_class: type, callbacks: Sequence = ()) -> None:
+    """Train one checked recipe to completion (or to the next checkpoint when stopped), with
+    the method's trainer class and the caller's extra callbacks (evaluations)."""
+    from transformers import set_seed  # deferred: transformers is slow to import
 
     training_args = recipe.training
     _setup_logging(training_args)
@@ -267,15 +245,13 @@ def train(recipe, trainer_class=None) -> None:
         return
     set_seed(training_args.seed)
     _export_wandb_settings(training_args)
-    trainer = _build_trainer(recipe, trainer_class or grpo_trainer_class())
+    trainer = _build_trainer(recipe, trainer_class)
     attach_heartbeat(trainer)  # the launcher's hang watchdog; stacks on request
     stop = make_stop_callback(trainer)  # also: SIGTERM saves at the next step boundary
     trainer.add_callback(stop)
     trainer.add_callback(make_step_event_callback())
-    from maxent_grpo.evaluate.schedule import make_callback as evaluation_callback
-
-    if (evaluations := evaluation_callback(recipe)) is not None:
-        trainer.add_callback(evaluations)  # benchmark_mode slurm: a job per saved checkpoint
+    for callback in callbacks:
+        trainer.add_callback(callback)
     if uses_wandb(training_args):
         trainer.add_callback(make_wandb_step_callback())
     train_loss = _train_from_last_checkpoint(trainer, output_dir, training_args)
@@ -299,8 +275,6 @@ def exit_process(code: int) -> NoReturn:
     this process writes is closed (checkpoints fsynced) before cli_main returns. Under a
     profiler or a debugger (cProfile writes its file after the script), the normal exit.
     """
-    import atexit
-
     if sys.getprofile() is not None or sys.gettrace() is not None:
         sys.exit(code)
     atexit._run_exitfuncs()  # noqa: SLF001 - the one way to run them without the teardown
@@ -310,40 +284,3 @@ def exit_process(code: int) -> NoReturn:
         except (OSError, ValueError):
             pass  # closed or broken: nothing more can be said on it
     os._exit(code)
-
-
-def world_size_from(environ) -> int:
-    """Training processes of this job, as accelerate/torchrun announced them (1 when alone)."""
-    return int(environ.get("WORLD_SIZE") or 1)
-
-
-def cli_main(argv: list[str], method: str | None = None) -> int:
-    """Entry point body: user errors are one line on stderr and exit code EXIT_USER_ERROR.
-
-    method: the entry script's (src/grpo.py: grpo), `--method`, or None for the recipe's.
-    """
-    from maxent_grpo.methods import METHODS
-    from maxent_grpo.recipe import build_recipe, read_recipe
-    from maxent_grpo.recipe.checks import check_recipe
-
-    world_size = world_size_from(os.environ)
-    try:
-        keys = read_recipe(argv, method)  # no TRL yet
-        mark_unused_libraries_absent(keys)
-        recipe = build_recipe(keys, world_size)
-        # This process starts the run's work: the recipe's env: block applies from here on
-        # (under the launcher it is already in the environment, with the same values).
-        os.environ.update(recipe.env)
-        recipe = check_recipe(recipe)
-        train(recipe, METHODS[recipe.method].trainer_class())
-        from maxent_grpo.evaluate.schedule import after_training
-
-        after_training(recipe)  # benchmarks: queue (slurm) or run (inline) what is still due
-    except UserError as exc:
-        print(error_report(exc), file=sys.stderr)
-        return EXIT_USER_ERROR
-    except StoppedForRequeue:
-        # One process: a distinct code. Under accelerate/torchrun a non-zero rank would make
-        # torchrun kill its peers and print a failure report; the launcher knows it asked.
-        return EXIT_CHECKPOINTED if world_size == 1 else 0
-    return 0
