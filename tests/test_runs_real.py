@@ -44,6 +44,8 @@ class RealRuns:
 def _recipe(work: Path, name: str, tiny_model: Path, base: Path = SMOKE, **keys) -> Path:
     """A small recipe work/NAME.yaml, one process, output in work/outputs/NAME."""
     layout = dict(output_dir=str(work / "outputs" / name), num_processes=1, save_steps=2)
+    # The step length the stop-request race of _stopped_then_resumed_run was sized with.
+    layout.update(max_completion_length=16)
     return small_recipe(work, tiny_model, base, f"{name}.yaml", **{**layout, **keys})
 
 

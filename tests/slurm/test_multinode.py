@@ -261,7 +261,9 @@ def _recipe(folder: Path, tiny_model: Path) -> Path:
     the random tiny model gets partly right: non-zero advantages, so the weights move (the
     smoke rewards are all 0 for it, and equal weights would prove nothing)."""
     reward = dict(reward_funcs=["digit_fraction"], reward_weights=None)
-    return small_recipe(folder, tiny_model, **ONE_THREAD, **reward, max_steps=8)
+    return small_recipe(
+        folder, tiny_model, **ONE_THREAD, **reward, max_steps=8, max_completion_length=16
+    )
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from test_training_slurm import (
+    KEYS,
     assert_same_weights,
     local_reference_run,
     sbatch_training,
@@ -25,7 +26,7 @@ from test_training_slurm import (
     wait_for,
 )
 
-from helpers.recipes import ONE_THREAD, small_recipe
+from helpers.recipes import small_recipe
 
 pytestmark = pytest.mark.slurm
 
@@ -52,7 +53,7 @@ def last_step(out: Path) -> int:
 def test_preempted_training_checkpoints_requeues_resumes_and_loses_no_step(slurm_cluster, tmp_path):
     out = tmp_path / "out"
     slow = dict(reward_funcs=[SLOW], reward_weights=None)
-    path = small_recipe(tmp_path, **ONE_THREAD, **slow, max_steps=STEPS)
+    path = small_recipe(tmp_path, **KEYS, **slow, max_steps=STEPS)
     job = sbatch_training(
         slurm_cluster,
         tmp_path,
@@ -105,7 +106,7 @@ def test_time_limit_signal_is_a_time_limit_outcome_and_requeues(slurm_cluster, t
     `time_limit`, requeued by the launcher, and the run completes."""
     out = tmp_path / "out"
     slow = dict(reward_funcs=[SLOW], reward_weights=None)
-    path = small_recipe(tmp_path, **ONE_THREAD, **slow, max_steps=40)
+    path = small_recipe(tmp_path, **KEYS, **slow, max_steps=40)
     job = sbatch_training(
         slurm_cluster,
         tmp_path,
@@ -127,7 +128,7 @@ def test_a_permanent_failure_in_an_array_is_not_retried(slurm_cluster, tmp_path)
     see tests/reliability/test_failure_classes.py): the later tasks exit at once with the
     same line instead of training again."""
     out = tmp_path / "out"
-    path = small_recipe(tmp_path, **ONE_THREAD, max_steps=40)
+    path = small_recipe(tmp_path, **KEYS, max_steps=40)
     job = sbatch_training(
         slurm_cluster,
         tmp_path,

@@ -19,6 +19,9 @@ from helpers.paths import MAXENT_GRPO, REPO
 from helpers.procs import wait_for
 from helpers.recipes import ONE_THREAD, small_recipe
 
+# One thread per trainer; the completion length the signal timings below were sized with.
+KEYS = {**ONE_THREAD, "max_completion_length": 16}
+
 
 def sbatch_training(cluster, tmp_path: Path, recipe_path: Path, *sbatch_args: str) -> str:
     """`sbatch training.sh` from the repository, with output and logs under tmp_path."""
@@ -54,7 +57,7 @@ def local_reference_run(tmp_path: Path, **overrides) -> Path:
     """The same recipe run without Slurm, uninterrupted: the result to compare against."""
     folder = tmp_path / "reference"
     folder.mkdir()
-    path = small_recipe(folder, **ONE_THREAD, **overrides)
+    path = small_recipe(folder, **KEYS, **overrides)
     result = subprocess.run(
         [MAXENT_GRPO, "run", "--config", str(path), "--logs-dir", str(folder / "logs")],
         cwd=REPO,
@@ -74,9 +77,7 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 
 def test_sbatch_training_sh_runs_smoke_recipe_to_completion(slurm_cluster, tmp_path):
-    job = sbatch_training(
-        slurm_cluster, tmp_path, small_recipe(tmp_path, **ONE_THREAD, max_steps=12)
-    )
+    job = sbatch_training(slurm_cluster, tmp_path, small_recipe(tmp_path, **KEYS, max_steps=12))
     assert slurm_cluster.wait(job, timeout=300) == "COMPLETED", slurm_out(tmp_path)
     out = slurm_out(tmp_path)
     assert "training: 2 processes on 1 machine(s)" in out  # CPU plan despite fake GPUs
@@ -95,7 +96,7 @@ def elapsed_s(record: dict[str, str]) -> int:
 
 def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluster, tmp_path):
     steps = 400
-    path = small_recipe(tmp_path, **ONE_THREAD, max_steps=steps)
+    path = small_recipe(tmp_path, **KEYS, max_steps=steps)
     job = sbatch_training(
         slurm_cluster, tmp_path, path, "--time=10", "--signal=B:USR1@100", "--requeue"
     )
@@ -143,7 +144,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluste
 
 def test_array_retry_resumes_after_hard_kill_and_later_tasks_exit_at_once(slurm_cluster, tmp_path):
     steps = 400
-    path = small_recipe(tmp_path, **ONE_THREAD, max_steps=steps, save_steps=20)
+    path = small_recipe(tmp_path, **KEYS, max_steps=steps, save_steps=20)
     job = sbatch_training(slurm_cluster, tmp_path, path, "--array=0-2%1")
     out_dir = tmp_path / "out"
     wait_for(
@@ -164,7 +165,7 @@ def test_array_retry_resumes_after_hard_kill_and_later_tasks_exit_at_once(slurm_
 
 
 def test_bad_recipe_in_an_array_does_not_burn_retries(slurm_cluster, tmp_path):
-    path = small_recipe(tmp_path, **ONE_THREAD, num_generation=4)  # typo: unknown key
+    path = small_recipe(tmp_path, **KEYS, num_generation=4)  # typo: unknown key
     job = sbatch_training(slurm_cluster, tmp_path, path, "--array=0-2%1")
     for task in range(3):
         assert slurm_cluster.wait(f"{job}_{task}", timeout=180) == "FAILED"
@@ -182,7 +183,7 @@ def test_bad_recipe_in_an_array_does_not_burn_retries(slurm_cluster, tmp_path):
     ],
 )
 def test_bad_recipe_is_rejected_before_queueing(slurm_cluster, tmp_path, bad, named):
-    path = small_recipe(tmp_path, **ONE_THREAD, **bad)
+    path = small_recipe(tmp_path, **KEYS, **bad)
     before = slurm_cluster.run(["squeue", "-h", "-o", "%i"]).stdout
     for command in ("sbatch", "submit"):
         result = subprocess.run(
@@ -203,7 +204,7 @@ def test_submitit_preempted_job_requeues_resumes_and_completes(slurm_cluster, tm
     # The signal goes out once step 1 is logged and reaches the trainers within a second or
     # two; 100 steps (15-30 s here) keep it mid-training. The reference run repeats them all.
     steps = 100
-    path = small_recipe(tmp_path, **ONE_THREAD, max_steps=steps)
+    path = small_recipe(tmp_path, **KEYS, max_steps=steps)
     result = subprocess.run(
         [
             MAXENT_GRPO,
