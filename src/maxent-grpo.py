@@ -5,7 +5,8 @@ python src/maxent-grpo.py --config recipes/<model>/maxent-grpo/config_<task>.yam
 
 import sys
 
-from maxent_grpo.train.entry import cli_main, exit_process
+from maxent_grpo.train.entry import exit_process
+from maxent_grpo.train_process import cli_main
 
 if __name__ == "__main__":
     exit_process(cli_main(sys.argv[1:], method="maxent"))

@@ -160,12 +160,12 @@ def test_migrate_exits_non_zero_only_when_the_result_still_fails_check(tmp_path,
 
 
 def _accepted_keys() -> dict[str, set[str]]:
-    from maxent_grpo.methods import METHODS
     from maxent_grpo.recipe.schema import trl_parser
+    from maxent_grpo.recipe.sections import SECTIONS
 
     return {
-        name: {a.dest for a in trl_parser(method.sections())._actions} - {"help"}
-        for name, method in METHODS.items()
+        name: {a.dest for a in trl_parser(types)._actions} - {"help"}
+        for name, types in SECTIONS.items()
     }
 
 

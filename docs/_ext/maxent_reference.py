@@ -281,9 +281,9 @@ def _parser_actions(types_: tuple[type, ...]) -> dict[str, argparse.Action]:
 
 def recipe_type_sets() -> dict[str, tuple[type, ...]]:
     """{method: dataclass types} for every method of the registry."""
-    from maxent_grpo.methods import METHODS
+    from maxent_grpo.recipe.sections import SECTIONS
 
-    return {name: tuple(method.sections()) for name, method in METHODS.items()}
+    return {name: tuple(types) for name, types in SECTIONS.items()}
 
 
 def collect_recipe_keys() -> list[RecipeKey]:

@@ -1,16 +1,16 @@
-"""The training methods, in one place: their recipe sections, trainer, entry point and label.
+"""The training methods, in one place: their names, labels and entry scripts.
 
-Used by the command line (`--method` choices), the recipe parser (which sections a recipe
-has), the launcher (which entry point to start), the trainer entry point (which trainer class)
-and `maxent-grpo runs` (labels). Importing this module is cheap: sections and trainers are
-named as "module:attribute" and imported only when asked for.
+Used by the command line (`--method` choices), the recipe parser (which method a recipe has),
+the launcher (which entry point to start) and `maxent-grpo runs` (labels). A leaf: standard
+library only, cheap for the launcher. What a method is made of is named where it is chosen:
+its recipe sections in recipe/sections.py (`SECTIONS`, imports TRL), its trainer class in
+train_process.py (`trainer_class`, the trainer process only).
 
 A recipe may declare its method (`method: maxent`); `--method` / MAXENT=1 may ask for one.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,25 +23,11 @@ TRAIN_MODULE = "maxent_grpo.train"
 _SRC_DIR = Path(__file__).resolve().parents[1]
 
 
-def _load(target: str):
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)
-
-
 @dataclass(frozen=True)
 class Method:
     name: str
     label: str  # how tables and plots name it
-    recipe_types: str  # "module:attribute" of its recipe sections (script, training, model, launch)
-    trainer_factory: str  # "module:function" returning its trainer class
     script: str  # its thin entry script under src/ (the product promises these)
-
-    def sections(self) -> tuple[type, ...]:
-        """The dataclasses of its recipe sections (imports TRL: slow)."""
-        return _load(self.recipe_types)
-
-    def trainer_class(self) -> type:
-        return _load(self.trainer_factory)()
 
     def entry(self) -> tuple[str, ...]:
         """What `accelerate launch` runs: the entry script in a source checkout, else the module.
@@ -56,20 +42,8 @@ class Method:
 
 
 METHODS: dict[str, Method] = {
-    "grpo": Method(
-        name="grpo",
-        label="GRPO",
-        recipe_types="maxent_grpo.recipe.keys:GRPO_TYPES",
-        trainer_factory="maxent_grpo.train.entry:grpo_trainer_class",
-        script="grpo.py",
-    ),
-    "maxent": Method(
-        name="maxent",
-        label="MaxEnt",
-        recipe_types="maxent_grpo.maxent.config:MAXENT_TYPES",
-        trainer_factory="maxent_grpo.maxent:maxent_trainer_class",
-        script="maxent-grpo.py",
-    ),
+    "grpo": Method(name="grpo", label="GRPO", script="grpo.py"),
+    "maxent": Method(name="maxent", label="MaxEnt", script="maxent-grpo.py"),
 }
 
 

@@ -269,6 +269,6 @@ class _MaxEntTrainerBase(trl.GRPOTrainer):
 class MaxEntGRPOTrainer(
     CompleteCheckpointsMixin, EpochOrderMixin, VLLMSyncMixin, _MaxEntTrainerBase
 ):
-    """MaxEnt-GRPO trainer, with the mixins of our GRPO trainer (train.grpo_trainer_class).
+    """MaxEnt-GRPO trainer, with the mixins of our GRPO trainer (train/grpo_trainer.py).
     CompleteCheckpointsMixin comes first so that a checkpoint is marked complete only after
     every file, the controller state included, is on disk."""

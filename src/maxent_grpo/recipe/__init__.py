@@ -100,9 +100,9 @@ def build_recipe(keys: RecipeKeys, world_size: int) -> Recipe:
     Every problem is raised together (recipe/problems.py); inside an outer `collecting` (the
     `check` command) a section that could not be built is None and the problems go outwards.
     """
-    from maxent_grpo.methods import METHODS
     from maxent_grpo.recipe.checks import batch_for_processes
     from maxent_grpo.recipe.keys import planned_world_size
+    from maxent_grpo.recipe.sections import SECTIONS  # imports TRL
 
     with collecting(keys.path) as problems:
         before = len(problems.lines)
@@ -111,7 +111,7 @@ def build_recipe(keys: RecipeKeys, world_size: int) -> Recipe:
         with planned_world_size(world_size):
             script, training, model, launch = (
                 _build_section(section, values, problems, batch_failed)
-                for section in METHODS[keys.method].sections()
+                for section in SECTIONS[keys.method]
             )
         if training is not None:
             # TRL derived it for its own process count; this is the one for `world_size`.

@@ -186,12 +186,11 @@ def generate() -> dict[str, Any]:
     import transformers
     import trl
 
-    from maxent_grpo.methods import METHODS
     from maxent_grpo.recipe.keys import MAPPING_LISTS, RANGES
+    from maxent_grpo.recipe.sections import SECTIONS
 
     methods = {}
-    for name, method in METHODS.items():
-        types = method.sections()
+    for name, types in SECTIONS.items():
         actions = [_action_spec(action) for action in trl_parser(types)._actions]
         dests = {a["dest"] for a in actions}
         keys = {k: v for k, v in _key_specs(types).items() if k in dests}

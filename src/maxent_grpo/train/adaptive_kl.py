@@ -11,7 +11,7 @@ restored on resume.
 Overrides (see docs/architecture.md): `_compute_loss` (called, then TRL's `_metrics` read),
 `_save_optimizer_and_scheduler` and `_load_optimizer_and_scheduler`: the state travels with
 the optimizer's, inside the checkpoint before it is marked complete. The mixin comes first in
-the trainer's bases (train/entry.py `grpo_trainer_class`), so its loading runs on every path.
+the trainer's bases (train/grpo_trainer.py `GRPOTrainer`), so its loading runs on every path.
 """
 
 from __future__ import annotations

@@ -1,0 +1,74 @@
+"""The training process's main: `src/grpo.py`, `src/maxent-grpo.py`, `python -m maxent_grpo.train`.
+
+On top of the layers (docs/architecture.md): it chooses the method's trainer class (train/ or
+maxent/) and runs the recipe's evaluations after training (evaluate/), which train/ itself
+may not import.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError, error_report
+from maxent_grpo.evaluate.schedule import after_training, make_callback
+from maxent_grpo.methods import METHODS
+from maxent_grpo.recipe import build_recipe, read_recipe
+from maxent_grpo.recipe.checks import check_recipe
+from maxent_grpo.recipe.parser import take_flag
+from maxent_grpo.train.entry import StoppedForRequeue, train
+from maxent_grpo.train.unused_libraries import mark_unused_libraries_absent
+
+
+def trainer_class(method: str) -> type:
+    """The trainer class of a method."""
+    # Imported here: both import TRL, which must wait for mark_unused_libraries_absent.
+    if method == "maxent":
+        from maxent_grpo.maxent.trainer import MaxEntGRPOTrainer
+
+        return MaxEntGRPOTrainer
+    from maxent_grpo.train.grpo_trainer import GRPOTrainer
+
+    return GRPOTrainer
+
+
+def world_size_from(environ) -> int:
+    """Training processes of this job, as accelerate/torchrun announced them (1 when alone)."""
+    return int(environ.get("WORLD_SIZE") or 1)
+
+
+def cli_main(argv: list[str], method: str | None = None) -> int:
+    """Entry point body: user errors are one line on stderr and exit code EXIT_USER_ERROR.
+
+    method: the entry script's (src/grpo.py: grpo), `--method`, or None for the recipe's.
+    """
+    world_size = world_size_from(os.environ)
+    try:
+        keys = read_recipe(argv, method)  # no TRL yet
+        mark_unused_libraries_absent(keys)
+        recipe = build_recipe(keys, world_size)
+        # This process starts the run's work: the recipe's env: block applies from here on
+        # (under the launcher it is already in the environment, with the same values).
+        os.environ.update(recipe.env)
+        recipe = check_recipe(recipe)
+        evaluations = make_callback(recipe)  # benchmark_mode slurm: a job per saved checkpoint
+        train(recipe, trainer_class(recipe.method), [c for c in (evaluations,) if c is not None])
+        after_training(recipe)  # benchmarks: queue (slurm) or run (inline) what is still due
+    except UserError as exc:
+        print(error_report(exc), file=sys.stderr)
+        return EXIT_USER_ERROR
+    except StoppedForRequeue:
+        # One process: a distinct code. Under accelerate/torchrun a non-zero rank would make
+        # torchrun kill its peers and print a failure report; the launcher knows it asked.
+        return EXIT_CHECKPOINTED if world_size == 1 else 0
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """`python -m maxent_grpo.train [--method M] ...`: the method flag, then cli_main."""
+    try:
+        method, rest = take_flag(argv, "--method", "one of " + ", ".join(METHODS))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return cli_main(rest, method)  # an unknown method is a one-line error there
