@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.recipes import MINIMAL, REPO, SMOKE, SMOKE_MAXENT, SMOKE_VLLM, write_recipe
+from helpers.paths import REPO
+from helpers.recipes import MINIMAL, SMOKE, SMOKE_MAXENT, SMOKE_VLLM, write_recipe
 from maxent_grpo.recipe import ConfigError, Recipe, build_recipe, parse_recipe, read_recipe
 from maxent_grpo.recipe.checks import check_recipe
 from maxent_grpo.recipe.keys import LauncherKeys, ScriptArguments

@@ -2,9 +2,10 @@
 range-bounded key an out-of-range one, and each is one line naming the file, the key and the
 value, before any model is loaded.
 
-The corpus is parametrised from the tables (recipe/ranges.py, the committed schema), and the
-tables are checked against the libraries: a new enumerated field of TRL's GRPOConfig or
-ModelConfig fails here until it has choices or is declared in UNCHECKED.
+The corpus is parametrised from the declarations (recipe/ranges.py TRL_KEYS and our fields,
+through the committed schema), and TRL's are checked against the libraries: a new enumerated
+field of TRL's GRPOConfig or ModelConfig fails here until it has choices or is declared in
+UNCHECKED.
 """
 
 from __future__ import annotations
@@ -25,9 +26,13 @@ from maxent_grpo import cli
 from maxent_grpo.errors import ConfigError, ConfigProblems
 from maxent_grpo.recipe import _build_section, parse_recipe, schema
 from maxent_grpo.recipe.problems import Problems
-from maxent_grpo.recipe.ranges import RANGES, TRL_CHOICES, UNCHECKED
+from maxent_grpo.recipe.ranges import TRL_CHOICES, UNCHECKED
 
 ACTIONS = {a["dest"]: a for a in schema.load()["methods"]["grpo"]["actions"] if "type" in a}
+MAXENT_ACTIONS = {
+    a["dest"]: a for a in schema.load()["methods"]["maxent"]["actions"] if "type" in a
+}
+RANGES = schema.load()["ranges"]  # every declared range (tests/test_key_declarations.py)
 CHOICE_KEYS = sorted(k for k, a in ACTIONS.items() if a["choices"])
 # Help texts that list a field's values (how TRL documents a str field with a fixed set).
 ENUMERATING = re.compile(
@@ -83,8 +88,7 @@ def test_choices_are_the_libraries():
 
 
 def test_every_range_names_a_recipe_key():
-    assert set(RANGES) <= set(ACTIONS)
-    assert schema.load()["ranges"] == {k: list(v) for k, v in RANGES.items()}
+    assert set(RANGES) <= set(ACTIONS) | set(MAXENT_ACTIONS)
 
 
 def _one_line(path: Path, key: str, bad) -> str:
@@ -112,7 +116,7 @@ def test_unknown_entry_of_a_list_of_choices(tmp_path):
 def _outside(key: str) -> list[int | float]:
     """A value beyond each bound of the key's range, of the key's type."""
     rule = RANGES[key]
-    step = 1 if ACTIONS[key]["type"] == "int" else 0.5
+    step = 1 if MAXENT_ACTIONS[key]["type"] == "int" else 0.5
     beyond = {">": 0, ">=": -step, "<": 0, "<=": step}
     return [bound + beyond[op] for op, bound in zip(rule[::2], rule[1::2], strict=True)]
 
@@ -122,8 +126,9 @@ RANGE_CASES = [(key, value) for key in sorted(RANGES) for value in _outside(key)
 
 @pytest.mark.parametrize(("key", "value"), RANGE_CASES)
 def test_value_out_of_range(key, value, tmp_path):
-    path = write_recipe(tmp_path, **{key: value})
-    expected = float(value) if ACTIONS[key]["type"] == "float" else value
+    method = {} if key in ACTIONS else {"method": "maxent"}
+    path = write_recipe(tmp_path, **method, **{key: value})
+    expected = float(value) if MAXENT_ACTIONS[key]["type"] == "float" else value
     assert "is invalid (must be" in _one_line(path, key, expected)
 
 

@@ -1,9 +1,12 @@
 """Generate the recipe-key and CLI reference pages from the code, at Sphinx build time.
 
-Nothing here is copied by hand: the recipe keys come from the dataclasses the recipe parser
-uses (each method's sections in ``maxent_grpo.methods.METHODS``: ``recipe.keys.GRPO_TYPES``,
-``maxent.config.MAXENT_TYPES``) through ``dataclasses.fields()`` and ``metadata["help"]``; the
-set of keys is the set of flags the recipe parser builds from those dataclasses
+Nothing here is copied by hand: the recipe keys come from their declarations
+(``maxent_grpo.recipe.declare``): the dataclasses the recipe parser uses (each method's
+sections in ``maxent_grpo.recipe.sections.SECTIONS``: ``recipe.keys.GRPO_TYPES``,
+``maxent.config.MAXENT_TYPES``) through ``dataclasses.fields()`` and ``metadata["help"]``, each
+key's range and packages (``recipe.schema.key_declarations``) and the old keys migrated to it
+(``recipe.migrations.MIGRATIONS``); the set of keys is the set of flags the recipe parser
+builds from those dataclasses
 (``maxent_grpo.recipe.schema.trl_parser``; ``read_recipe`` reads the same flags from the
 committed ``recipe/schema.json``, kept equal by a test), i.e. exactly what it accepts.
 The CLI page comes from ``maxent_grpo.cli.build_parser()``.
@@ -253,6 +256,9 @@ class RecipeKey:
     default: str | None  # None: required
     help: str
     choices: tuple[str, ...] = ()
+    range: str = ""  # its declared range in words ("> 0 and <= 1"), or ""
+    packages: tuple[Any, ...] = ()  # recipe.declare.Package: what a value of it needs
+    replaces: tuple[Any, ...] = ()  # recipe.migrations.Migration: old keys migrated to it
     methods: set[str] = field(default_factory=set)
     overrides: list[type] = field(default_factory=list)  # base classes that declare it too
 
@@ -286,8 +292,24 @@ def recipe_type_sets() -> dict[str, tuple[type, ...]]:
     return {name: tuple(types) for name, types in SECTIONS.items()}
 
 
+def _declared() -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """Each key's declaration (range, packages; recipe/declare.py) and the old keys migrated
+    to it (recipe/migrations.py)."""
+    from maxent_grpo.recipe.migrations import MIGRATIONS
+    from maxent_grpo.recipe.schema import key_declarations
+
+    replaces: dict[str, list[Any]] = {}
+    for old in MIGRATIONS.values():
+        if old.target:
+            replaces.setdefault(old.target, []).append(old)
+    return key_declarations(), replaces
+
+
 def collect_recipe_keys() -> list[RecipeKey]:
     """Every key any method's recipe parser accepts, with its declaring class and help."""
+    from maxent_grpo.recipe.declare import describe
+
+    declared, replaces = _declared()
     keys: dict[str, RecipeKey] = {}
     for method, types_ in recipe_type_sets().items():
         actions = _parser_actions(types_)
@@ -308,6 +330,7 @@ def collect_recipe_keys() -> list[RecipeKey]:
                 elif _enum_types(hint):
                     choices = tuple(str(m.value) for e in _enum_types(hint) for m in e)
                 default = _default_of(f)
+                accepts = declared.get(f.name)
                 overrides = [
                     k
                     for k in owner.__mro__[1:]
@@ -320,6 +343,9 @@ def collect_recipe_keys() -> list[RecipeKey]:
                     default=None if default is dataclasses.MISSING else yaml_value(default),
                     help=str(f.metadata.get("help", "") or ""),
                     choices=choices,
+                    range=describe(accepts.range) if accepts and accepts.range else "",
+                    packages=accepts.packages if accepts else (),
+                    replaces=tuple(replaces.get(f.name, ())),
                     methods={method},
                     overrides=overrides[:1],
                 )
@@ -421,6 +447,14 @@ def render_recipe_keys(keys: list[RecipeKey] | None = None) -> str:
             body = [inline(key.help) if key.help else "No help text."]
             if key.choices:
                 body.append("Choices: " + ", ".join(literal(c) for c in key.choices) + ".")
+            if key.range:
+                body.append(f"Range: {literal(key.range)}.")
+            for p in key.packages:
+                need = f"{literal(p.module)} (extra {literal(p.extra)})"
+                body.append(f"Needs {need} when {inline(p.when)}.")
+            if key.replaces:
+                old = ", ".join(f"{literal(m.key)} ({escape(m.origin)})" for m in key.replaces)
+                body.append(f"Replaces {old}.")
             if key.overrides:
                 base = class_path(key.overrides[0])
                 body.append(f"Redeclares the field of {literal(base)} (default or help differ).")

@@ -2,7 +2,7 @@
 
 Nothing is copied by hand: the rows come from ``maxent_grpo.recipe.migrations`` (MIGRATIONS,
 DEFAULT_CHANGES, VALUE_CHANGES, UNCHANGED_KEYS), ``maxent_grpo.recipe.migrate``
-(SERVER_MODE_RENAMES) and ``maxent_grpo.rewards.code`` (JUDGED_REWARDS) — the same tables
+(SERVER_MODE_RENAMES) and ``maxent_grpo.recipe.migrations`` (JUDGED_REWARDS) — the same tables
 ``maxent-grpo check`` and ``maxent-grpo migrate`` use. Sphinx calls :func:`setup`, which writes
 ``docs/reference/generated/open-r1-keys.rst`` on ``builder-inited``; the page includes it.
 """
@@ -47,8 +47,7 @@ def _key_rows() -> list[tuple[str, ...]]:
 
 def _value_rows() -> list[tuple[str, ...]]:
     from maxent_grpo.recipe.migrate import SERVER_MODE_RENAMES
-    from maxent_grpo.recipe.migrations import DEFAULT_CHANGES, VALUE_CHANGES
-    from maxent_grpo.rewards.code import JUDGED_REWARDS
+    from maxent_grpo.recipe.migrations import DEFAULT_CHANGES, JUDGED_REWARDS, VALUE_CHANGES
 
     rows = []
     for d in DEFAULT_CHANGES:

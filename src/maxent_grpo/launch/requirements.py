@@ -3,8 +3,8 @@
 The one place for "does this environment fit the recipe": `scripts/setup_env.sh` asks it which
 extras to install (`python -m maxent_grpo.launch.requirements --gpu|--cpu RECIPE [ARGS]`), and
 the launcher (`maxent-grpo run`, `check`, `sbatch`, `submit`) asks it, before anything starts or
-is queued, which needed package is missing (`check_installed`). Standard library and pyyaml
-only: it answers in milliseconds, before torch or TRL are importable.
+is queued, which needed package is missing (`check_installed`). Standard library, pyyaml and
+the committed recipe schema only: it answers in milliseconds, without importing torch or TRL.
 
 What needs what (the package's import name, then the extra that installs it):
 
@@ -28,16 +28,12 @@ from typing import Any
 import yaml
 
 from maxent_grpo.errors import ConfigError
+from maxent_grpo.recipe import schema
 
-# The defaults of the keys read here (TRL's and ours: recipe/keys.py). Not imported from there:
-# that would import TRL. tests/test_requirements.py checks they agree.
-DEFAULTS: dict[str, Any] = {
-    "use_vllm": False,
-    "vllm_mode": "colocate",
-    "vllm_server_device": "gpu",
-    "use_peft": False,
-    "accelerate_config": None,
-}
+# The keys read here, with their defaults from the generated schema (recipe/schema.json: TRL's
+# defaults read when it was generated, ours from their declarations), without importing TRL.
+_READ_KEYS = ("use_vllm", "vllm_mode", "vllm_server_device", "use_peft", "accelerate_config")
+DEFAULTS: dict[str, Any] = {key: schema.default(key) for key in _READ_KEYS}
 SETUP_COMMAND = "MAXENT_GRPO_EXTRAS={extra} bash scripts/setup_env.sh"
 
 

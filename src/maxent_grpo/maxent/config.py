@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from typing import Annotated
 
 import trl
 from trl import ModelConfig
 
+from maxent_grpo.recipe.declare import Accepts
 from maxent_grpo.recipe.keys import ConfigError, GRPOConfig, LauncherKeys, ScriptArguments
 from maxent_grpo.recipe.problems import run_checks
 
@@ -56,7 +58,7 @@ _NEUTRAL_VALUES = {"scale_rewards": ("none",)}
 class MaxEntConfig(GRPOConfig):
     """GRPOConfig plus the MaxEnt-GRPO knobs (see src/maxent_grpo/maxent/README.md)."""
 
-    maxent_tau: float = field(
+    maxent_tau: Annotated[float, Accepts(range=(">", 0))] = field(
         default=1.0,
         metadata={
             "help": "Entropy temperature tau (> 0) of the weights w = softmax(log q / (tau + "
@@ -65,14 +67,14 @@ class MaxEntConfig(GRPOConfig):
             "when maxent_target_weight_entropy is set."
         },
     )
-    maxent_q_temperature: float = field(
+    maxent_q_temperature: Annotated[float, Accepts(range=(">", 0))] = field(
         default=1.0,
         metadata={
             "help": "Temperature T (> 0) of the listwise target q = softmax(reward / T) over each "
             "prompt's completions, in reward units: smaller T makes q greedier."
         },
     )
-    maxent_q_epsilon: float = field(
+    maxent_q_epsilon: Annotated[float, Accepts(range=(">=", 0))] = field(
         default=0.01,
         metadata={
             "help": "Floor eps of the target: q <- (1 - K eps) q + eps, so every completion "
@@ -95,7 +97,7 @@ class MaxEntConfig(GRPOConfig):
             "Unset: tau stays maxent_tau."
         },
     )
-    maxent_tau_lr: float | None = field(
+    maxent_tau_lr: Annotated[float | None, Accepts(range=(">", 0))] = field(
         default=None,
         metadata={
             "help": "Step size of the tau controller, per nat of entropy error (default "
@@ -139,17 +141,11 @@ class MaxEntConfig(GRPOConfig):
                 )
 
     def _check_weights(self) -> None:
-        if not self.maxent_tau > 0:
-            raise ConfigError(f"maxent_tau: {self.maxent_tau}: must be > 0; e.g. maxent_tau: 1.0")
-        if not self.maxent_q_temperature > 0:
-            raise ConfigError(
-                f"maxent_q_temperature: {self.maxent_q_temperature}: must be > 0; "
-                "e.g. maxent_q_temperature: 1.0"
-            )
+        """The floor against the group size (the ranges are declared with the fields)."""
         eps = self.maxent_q_epsilon
         sizes = {self.num_generations, self.num_generations_eval or self.num_generations}
         k = max(s for s in sizes if s is not None)
-        if eps < 0 or k * eps >= 1:
+        if k * eps >= 1:
             raise ConfigError(
                 f"maxent_q_epsilon: {eps}: needs 0 <= eps and num_generations ({k}) x eps < 1 so "
                 f"the floored target stays a distribution; set maxent_q_epsilon below {1 / k:.4g}"
@@ -191,8 +187,6 @@ class MaxEntConfig(GRPOConfig):
             self.maxent_tau_min = DEFAULT_TAU_MIN
         if self.maxent_tau_max is None:
             self.maxent_tau_max = DEFAULT_TAU_MAX
-        if not self.maxent_tau_lr > 0:
-            raise ConfigError(f"maxent_tau_lr: {self.maxent_tau_lr}: must be > 0, e.g. 0.1")
         if not 0 < self.maxent_tau_min <= self.maxent_tau <= self.maxent_tau_max:
             raise ConfigError(
                 f"maxent_tau: {self.maxent_tau}: must lie in [maxent_tau_min, maxent_tau_max] = "

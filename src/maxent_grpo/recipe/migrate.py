@@ -16,6 +16,7 @@ import yaml
 from maxent_grpo.recipe.keys import ConfigError
 from maxent_grpo.recipe.migrations import (
     DEFAULT_CHANGES,
+    JUDGED_REWARDS,
     MIGRATIONS,
     REMOVE,
     VALUE_CHANGES,
@@ -178,8 +179,6 @@ def _change_value(edits: _Edits, key: _Key, recipe: dict[str, Any], rule: ValueC
 
 
 def _migrate_rewards(edits: _Edits, keys: dict[str, _Key], recipe: dict[str, Any]) -> None:
-    from maxent_grpo.rewards.code import JUDGED_REWARDS
-
     names = recipe.get("reward_funcs")
     if not isinstance(names, list) or not any(n in JUDGED_REWARDS for n in names):
         return

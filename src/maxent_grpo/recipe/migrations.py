@@ -346,20 +346,28 @@ DEFAULT_CHANGES = (
 #: ValueChange.replace's answer when the key has to go.
 REMOVE = object()
 
+#: The built-in benchmark names a recipe's `benchmarks` may list (evaluate/benchmarks.py
+#: BUILTIN_BENCHMARKS defines them; tests/test_key_declarations.py checks they agree).
+BUILTIN_BENCHMARK_NAMES = ("arithmetic", "word_problems")
+
+#: Rewards that need a judge this toolkit does not have, with the reason.
+JUDGED_REWARDS = {
+    "ioi_code": "needs open-r1's IOI judge (C++ subtasks graded on a Piston server or "
+    "MorphCloud, over the network)",
+    "cf_code": "needs open-r1's Codeforces judge (checkers on a Piston server or MorphCloud, "
+    "over the network)",
+}
+
 
 def _lighteval_tasks_left_out(benchmarks: Any) -> Any:
     """open-r1's benchmarks are LightEval task names; keep the entries this toolkit knows."""
-    from maxent_grpo.evaluate.benchmarks import BUILTIN_BENCHMARKS
-
-    kept = [b for b in benchmarks if not isinstance(b, str) or b in BUILTIN_BENCHMARKS]
+    kept = [b for b in benchmarks if not isinstance(b, str) or b in BUILTIN_BENCHMARK_NAMES]
     return kept or REMOVE
 
 
 def _has_unknown_benchmark(benchmarks: Any) -> bool:
-    from maxent_grpo.evaluate.benchmarks import BUILTIN_BENCHMARKS
-
     entries = benchmarks if isinstance(benchmarks, list) else []
-    return any(isinstance(b, str) and b not in BUILTIN_BENCHMARKS for b in entries)
+    return any(isinstance(b, str) and b not in BUILTIN_BENCHMARK_NAMES for b in entries)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,17 @@
-"""Which values a key accepts: the choices of TRL's and transformers' string keys, and the range
-of every numeric key that has one.
+"""What TRL's and transformers' keys accept beyond their types: choices, ranges, packages.
 
-Each entry names the library code that rejects (or silently misuses) a value outside it; most
-of those checks run only once the model is loaded, some only at the first training step. The
-parser enforces TRL_CHOICES (argparse choices, recipe/schema.py) and `recipe.checks.check_ranges`
-enforces RANGES, both when a recipe is read: on every path, before any model is loaded. The
-schema (schema.json) carries both; regenerate it after a change here.
+TRL and transformers declare these keys (name, type, default, help); what we add to each is
+declared once here and gathered into TRL_KEYS (recipe/declare.py Accepts). Our own keys declare
+theirs in their fields (recipe/declare.py). Each entry names the library code that rejects (or
+silently misuses) a value outside it; most of those checks run only once the model is loaded,
+some only at the first training step. The parser enforces the choices (argparse choices,
+recipe/schema.py) and `recipe.checks.check_ranges` the ranges, both when a recipe is read: on
+every path, before any model is loaded. The schema (schema.json) carries both; regenerate it
+after a change here.
 
-Our own keys carry their choices in field metadata (recipe/keys.py); keys whose field type is a
-Literal or an Enum get theirs from the type (TrlParser). tests/test_recipe_values.py checks
-that every enumerated field of GRPOConfig and ModelConfig has choices or is in UNCHECKED.
+Keys whose field type is a Literal or an Enum get their choices from the type (TrlParser).
+tests/test_recipe_values.py checks that every enumerated field of GRPOConfig and ModelConfig
+has choices or is in UNCHECKED.
 
 Paths: trl/ and transformers/ are site-packages/ paths of the pinned versions (pyproject.toml).
 """
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATIONS
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+from maxent_grpo.recipe.declare import Accepts, Package
 
 # Choices of TRL- and transformers-owned keys. The parser enforces them like our keys' own.
 TRL_CHOICES: dict[str, tuple[str, ...]] = {
@@ -71,31 +75,12 @@ UNCHECKED: dict[str, str] = {
     "torch_compile_backend": "depends on the installed torch (torch._dynamo.list_backends())",
 }
 
-# Ranges: key -> (operator, bound) or (operator, bound, operator, bound) for an interval.
-# Checked when a recipe is read (recipe.checks.check_ranges); None means unset.
-RANGES: dict[str, tuple] = {
-    # --- ours: launcher (recipe/keys.py LauncherKeys), vLLM server, scripts ---
+# Ranges of TRL- and transformers-owned keys: key -> (operator, bound) or (operator, bound,
+# operator, bound) for an interval. Checked when a recipe is read (recipe.checks.check_ranges);
+# None means unset.
+TRL_RANGES: dict[str, tuple] = {
+    # TRL GRPOConfig: vLLM tensor-parallel group size (vllm serve --tensor-parallel-size).
     "vllm_tensor_parallel_size": (">=", 1),
-    "vllm_server_timeout": (">", 0),
-    "num_processes": (">=", 1),
-    "hang_timeout": (">", 0),
-    "max_requeues": (">=", 0),
-    # vllm serve --gpu-memory-utilization: a fraction of the GPU (vllm/config/cache.py).
-    "vllm_server_gpu_memory_utilization": (">", 0, "<=", 1),
-    "benchmark_every": (">=", 0),
-    "benchmark_gpus": (">=", 0),
-    "benchmark_cpus": (">=", 1),
-    "benchmark_time": (">=", 1),
-    "dataset_num_rows": (">=", 1),
-    "reward_timeout_seconds": (">=", 0),  # 0 disables the limit (rewards/guard)
-    "repetition_n_grams": (">=", 1),
-    "repetition_max_penalty": ("<=", 0),
-    "overlong_max_length": (">=", 1),
-    "overlong_buffer": (">=", 0),
-    "cosine_max_len": (">=", 1),
-    "parallel_code_exec_per_proc": (">=", 1),
-    "code_timeout_seconds": (">", 0),
-    "code_memory_mb": (">=", 1),
     # --- transformers/training_args.py (TrainingArguments) ---
     # torch.optim AdamW raises "Invalid learning rate" etc. when the optimizer is built (step 1).
     "learning_rate": (">=", 0),
@@ -154,4 +139,20 @@ RANGES: dict[str, tuple] = {
     "lora_r": (">=", 1),
     "lora_alpha": (">", 0),
     "lora_dropout": (">=", 0, "<", 1),
+}
+
+# Optional packages TRL-owned keys ask for (launch/requirements.py decides when).
+TRL_PACKAGES: dict[str, tuple[Package, ...]] = {
+    "use_vllm": (Package("vllm", "vllm", "true (colocate, or a server on a GPU)"),),
+    "use_peft": (Package("peft", "peft", "true"),),
+}
+
+#: What we add to each TRL- and transformers-owned key: its one declaration here.
+TRL_KEYS: dict[str, Accepts] = {
+    name: Accepts(
+        range=TRL_RANGES.get(name, ()),
+        choices=TRL_CHOICES.get(name, ()),
+        packages=TRL_PACKAGES.get(name, ()),
+    )
+    for name in {**TRL_CHOICES, **TRL_RANGES, **TRL_PACKAGES}
 }

@@ -1,14 +1,17 @@
 """The recipe key schema: every flag TRL's parser would make, without importing TRL.
 
     python -m maxent_grpo.recipe.schema --write    # regenerate schema.json (after a change to
-                                                   # recipe/keys.py, maxent/config.py or TRL)
+                                                   # recipe/keys.py, maxent/config.py,
+                                                   # recipe/ranges.py or TRL)
 
 Importing TRL, transformers and torch takes seconds; the launcher (plan, sbatch, submit, every
-attempt) only needs the keys' names, types, choices and defaults. `generate()` derives them
-from the method's dataclasses through TrlParser (the parser the trainers' sections define),
-with recipe/keys.py's TRL_CHOICES, TRL_CONVERTERS, MAPPING_LISTS and RANGES, and writes them to
-schema.json next to this file. `schema_parser(method)` rebuilds the same argparse parser from
-it. tests/test_recipe_schema.py fails when the file differs from a fresh generation.
+attempt) only needs the keys' names, types, choices, defaults, ranges and packages.
+`generate()` derives them from the keys' declarations (recipe/declare.py): the method's
+dataclasses through TrlParser (the parser the trainers' sections define; a TRL key's default
+is TRL's, read here), with recipe/ranges.py TRL_KEYS and recipe/keys.py's TRL_CONVERTERS and
+MAPPING_LISTS, and writes them to schema.json next to this file. `schema_parser(method)`
+rebuilds the same argparse parser from it. tests/test_recipe_schema.py fails when the file
+differs from a fresh generation.
 
 JSON has no tuples, infinities or enums: values other than None, bool, int, str, finite floats
 and lists are stored tagged ({"tuple": [...]}, {"float": "inf"}, {"dict": {...}}); a str enum
@@ -18,6 +21,7 @@ is stored as its value (which it equals).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import functools
 import json
@@ -36,6 +40,7 @@ from maxent_grpo.recipe.converters import (
     enum_type,
     unsupported_type,
 )
+from maxent_grpo.recipe.declare import Accepts, declarations
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 WRITE_COMMAND = "python -m maxent_grpo.recipe.schema --write"
@@ -100,7 +105,8 @@ def trl_parser(types: tuple[type, ...]) -> argparse.ArgumentParser:
     the schema describes (and the tests' reference reader)."""
     from trl import TrlParser
 
-    from maxent_grpo.recipe.keys import TRL_CHOICES, TRL_CONVERTERS
+    from maxent_grpo.recipe.keys import TRL_CONVERTERS
+    from maxent_grpo.recipe.ranges import TRL_KEYS
 
     class RaisingTrlParser(TrlParser):
         error = RecipeArgumentParser.error
@@ -108,8 +114,8 @@ def trl_parser(types: tuple[type, ...]) -> argparse.ArgumentParser:
     # allow_abbrev=False: argparse would otherwise take --max_step as --max_steps, silently.
     parser = RaisingTrlParser(types, allow_abbrev=False)
     for action in parser._actions:
-        if action.dest in TRL_CHOICES:
-            action.choices = TRL_CHOICES[action.dest]
+        if TRL_KEYS.get(action.dest, Accepts()).choices:
+            action.choices = TRL_KEYS[action.dest].choices
         if action.dest in TRL_CONVERTERS:
             action.type = TRL_CONVERTERS[action.dest]
     return parser
@@ -181,14 +187,25 @@ def _key_specs(types: tuple[type, ...]) -> dict[str, dict[str, Any]]:
     return keys
 
 
+def key_declarations() -> dict[str, Accepts]:
+    """Every key's declared range, choices (TRL keys) and packages, over every method's
+    sections and recipe/ranges.py TRL_KEYS (imports TRL)."""
+    from maxent_grpo.recipe.ranges import TRL_KEYS
+    from maxent_grpo.recipe.sections import SECTIONS
+
+    sections = dict.fromkeys(s for types in SECTIONS.values() for s in types)
+    return declarations(sections, TRL_KEYS)
+
+
 def generate() -> dict[str, Any]:
     """The schema of every method, derived from the dataclasses (imports TRL: seconds)."""
     import transformers
     import trl
 
-    from maxent_grpo.recipe.keys import MAPPING_LISTS, RANGES
+    from maxent_grpo.recipe.keys import MAPPING_LISTS
     from maxent_grpo.recipe.sections import SECTIONS
 
+    declared = key_declarations()
     methods = {}
     for name, types in SECTIONS.items():
         actions = [_action_spec(action) for action in trl_parser(types)._actions]
@@ -199,7 +216,12 @@ def generate() -> dict[str, Any]:
         "regenerate": WRITE_COMMAND,
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__},
         "mapping_lists": sorted(MAPPING_LISTS),
-        "ranges": {key: list(rule) for key, rule in RANGES.items()},
+        "ranges": {k: list(a.range) for k, a in sorted(declared.items()) if a.range},
+        "packages": {
+            k: [dataclasses.asdict(p) for p in a.packages]
+            for k, a in sorted(declared.items())
+            if a.packages
+        },
         "methods": methods,
     }
 
@@ -211,7 +233,7 @@ def render(schema: dict[str, Any]) -> str:
         return json.dumps(value, allow_nan=False)
 
     out = ["{"]
-    for name in ("regenerate", "versions", "mapping_lists", "ranges"):
+    for name in ("regenerate", "versions", "mapping_lists", "ranges", "packages"):
         out.append(f" {line(name)}: {line(schema[name])},")
     out.append(' "methods": {')
     for i, (method, spec) in enumerate(schema["methods"].items()):
@@ -238,9 +260,17 @@ def method_keys(method: str) -> dict[str, dict[str, Any]]:
     return load()["methods"][method]["keys"]
 
 
-def ranges() -> dict[str, tuple[tuple[str, float], ...]]:
-    """recipe/ranges.py RANGES: key -> its (operator, bound) pairs (two for an interval)."""
-    return {key: tuple(zip(rule[::2], rule[1::2])) for key, rule in load()["ranges"].items()}
+def ranges() -> dict[str, tuple]:
+    """Every declared range: key -> (operator, bound) or (operator, bound, operator, bound)."""
+    return {key: tuple(rule) for key, rule in load()["ranges"].items()}
+
+
+def default(key: str, method: str = "grpo") -> Any:
+    """A key's default, as the recipe parser gives it (TRL's own for a TRL key)."""
+    for spec in load()["methods"][method]["actions"]:
+        if spec["dest"] == key and spec["action"] == "store":
+            return decode(spec["default"])
+    raise KeyError(key)
 
 
 def _converter(spec: dict[str, Any], choices: list[Any] | None):

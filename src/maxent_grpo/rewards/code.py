@@ -18,6 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+# Rewards that need a judge this toolkit does not have: declared with the migrations (recipe/,
+# the lower layer), which `maxent-grpo migrate` reads too.
+from maxent_grpo.recipe.migrations import JUDGED_REWARDS
 from maxent_grpo.rewards.common import RewardError, column, contents, references
 from maxent_grpo.rewards.sandbox import Limits, run_python
 
@@ -30,13 +33,6 @@ _PYTHON_BLOCK_RE = re.compile(r"```python\n(.*?)```", re.DOTALL)
 REMOTE_PROVIDERS = {
     "e2b": "runs programs in E2B's hosted sandboxes",
     "morph": "runs programs on MorphCloud",
-}
-#: Rewards that need a judge this toolkit does not have, with the reason.
-JUDGED_REWARDS = {
-    "ioi_code": "needs open-r1's IOI judge (C++ subtasks graded on a Piston server or "
-    "MorphCloud, over the network)",
-    "cf_code": "needs open-r1's Codeforces judge (checkers on a Piston server or MorphCloud, "
-    "over the network)",
 }
 
 
