@@ -145,3 +145,50 @@ def test_the_kit_runs_every_step_on_cpu_and_reports_them(tmp_path):
     assert "final weights equal to an uninterrupted run's: true" in table
     assert "| ours: bash training.sh |" in table and "## Where the time went" in table
     assert "== grpo-training.sh.log" in (out / "gpu_kit_logs.txt").read_text()
+
+
+def test_the_report_of_a_gpu_run_names_the_card_each_outcome_and_why_a_step_failed(tmp_path):
+    # What the GPU steps write, made up: the CPU run never writes the oom and zero2 figures.
+    sys.path.insert(0, str(REPO / "bench" / "gpu_kit"))
+    try:
+        import kit
+        import report
+    finally:
+        sys.path.pop(0)
+    work = kit.Kit(tmp_path / "work", "gpu")
+    run = {"step_time_s": 1.0, "completion_tokens_per_s": 500.0, "peak_gpu_mib": 9000.0}
+    run.update(wall_s=30.0, step_times_s=[1.2, 1.0])
+    ratios = {"step_time": 1.01, "completion_tokens_per_s": 0.99, "peak_memory": 1.0}
+    oom = {"outcome": "oom", "attempts": 1, "exit": 2, "reason": "out of memory (...); lower x"}
+    results = {
+        "model": {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11", "cuda": "13.0"}
+        | {"layers": 24, "hidden": 896, "vocab": 151936},
+        "overhead": {"runs": {"bare": run, "module": run, "training.sh": run}}
+        | {"ratios": {"module": ratios, "training.sh": ratios}},
+        "oom": oom,
+        "maxent": {"grpo": run, "maxent": run, "ratios": ratios},
+        "zero2": {"error": "RuntimeError: grpo-zero2 (training.sh) exited 1: ImportError: x"},
+    }
+    steps = work.work / "steps"
+    steps.mkdir(parents=True)
+    for name, result in results.items():
+        result = result if "error" in result else {"ok": True, **result}
+        (work.work / "results" / f"{name}.json").write_text(json.dumps(result))
+        (steps / f"{name}.rc").write_text(f"{1 if 'error' in result else 0} 12.5 60\n")
+    (steps / "install.rc").write_text("0 3.0 120 wheels\n")
+    (steps / "signal.rc").write_text("124 120.0 120\n")
+    (steps / "checkpointing.rc").write_text("skipped 0 out of the kit's time budget (390 s)\n")
+
+    assert report.write_report(work, tmp_path / "out", 400.0) == 1  # a step failed
+    table = (tmp_path / "out" / "gpu_kit.md").read_text()
+    assert table.startswith("# GPU proof kit: NVIDIA H100 80GB HBM3\n")
+    assert (
+        "| oom | ok | 12 | outcome oom, 1 attempt, exit 2: out of memory (...); lower x |" in table
+    )
+    assert "| signal | timed out | 120 | stopped at its bound of 120 s |" in table
+    assert "| checkpointing | skipped | 0 | out of the kit's time budget (390 s) |" in table
+    assert "| zero2 | failed | 12 | RuntimeError: grpo-zero2 (training.sh) exited 1" in table
+    assert "| ours: bash training.sh | 1.0 | 500.0 | 9000.0 | 30.0 |" in table
+    assert "MaxEnt/GRPO: step time 1.010x, memory 1.000x" in table
+    saved = json.loads((tmp_path / "out" / "gpu_kit.json").read_text())
+    assert saved["device"] == "NVIDIA H100 80GB HBM3" and saved["steps"]["zero2"]["exit"] == 1
