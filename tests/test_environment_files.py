@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from helpers.paths import REPO
-from maxent_grpo.launch.requirements import DEFAULTS, recipe_needs
+from maxent_grpo.recipe.needs import DEFAULTS, recipe_needs
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]

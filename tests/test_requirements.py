@@ -15,14 +15,8 @@ from helpers.paths import REPO
 from helpers.recipes import SMOKE, SMOKE_VLLM, write_recipe
 from maxent_grpo import cli
 from maxent_grpo.launch import requirements
-from maxent_grpo.launch.requirements import (
-    DEFAULTS,
-    check_installed,
-    extras_to_install,
-    is_deepspeed_config,
-    recipe_needs,
-    recipe_values,
-)
+from maxent_grpo.launch.requirements import check_installed, extras_to_install, recipe_values
+from maxent_grpo.recipe.needs import DEFAULTS, is_deepspeed_config, recipe_needs
 
 CONFIGS = REPO / "recipes" / "accelerate_configs"
 QWEN = REPO / "recipes" / "Qwen2.5-1.5B-Instruct" / "grpo" / "config_math.yaml"

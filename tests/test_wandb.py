@@ -15,13 +15,13 @@ from helpers.recipes import write_recipe
 from helpers.runs import PYTHON, REPO, run
 from helpers.wandb_files import history, run_id
 from maxent_grpo.errors import EXIT_CHECKPOINTED
+from maxent_grpo.recipe.needs import uses_wandb
 from maxent_grpo.rundir.checkpoints import clear_stop_request, last_complete_checkpoint
 from maxent_grpo.train.wandb_run import (
     RUN_ID_FILE,
     export_wandb_run,
     persistent_run_id,
     recorded_step,
-    uses_wandb,
 )
 
 GRPO = str(REPO / "src" / "grpo.py")

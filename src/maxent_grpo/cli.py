@@ -7,8 +7,22 @@ import signal
 import sys
 from pathlib import Path
 
+from maxent_grpo import runs
 from maxent_grpo.errors import EXIT_USER_ERROR, UserError, error_report
+from maxent_grpo.evaluate.command import main as evaluate_main
+from maxent_grpo.launch.attempt import run_attempt
+from maxent_grpo.launch.launcher import RunRequest, prepare
+from maxent_grpo.launch.sbatch import (
+    planned_environment,
+    sbatch_command,
+    slurm_resources,
+    submit_sbatch,
+)
 from maxent_grpo.methods import METHODS
+from maxent_grpo.recipe.parser import load_recipe_file
+from maxent_grpo.recipe.problems import collecting
+from maxent_grpo.runs.plot import main as plot_main
+from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
 
 
 def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -45,8 +59,6 @@ def _planned(args):
     """The allocation to plan for: the one asked for, else this machine's."""
     if args.gpus is None:
         return None
-    from maxent_grpo.launch.sbatch import planned_environment
-
     return planned_environment(args.nodes, args.gpus)
 
 
@@ -203,8 +215,6 @@ def _add_runs_commands(sub) -> None:
 
 
 def _request(args):
-    from maxent_grpo.launch.launcher import RunRequest
-
     overrides = list(args.overrides or [])
     if overrides and overrides[0] == "--":
         overrides = overrides[1:]
@@ -218,22 +228,13 @@ def _request(args):
 
 
 def _run(args) -> int:
-    # runs / plot only read files: they must not pay for importing TRL (seconds).
     if args.command == "runs":
-        from maxent_grpo import runs
-
         return runs.main(args.dirs, as_json=args.json, active_within=args.active_within * 60)
     if args.command == "plot":
-        from maxent_grpo.runs import plot
-
-        return plot.main(args.run, args.out, args.csv, args.outputs)
+        return plot_main(args.run, args.out, args.csv, args.outputs)
     if args.command == "eval":
-        from maxent_grpo.evaluate.command import main as evaluate
-
-        return evaluate(_request(args), args.checkpoint, args.step, args.benchmark, args.queued)
-    from maxent_grpo.launch.attempt import run_attempt
-    from maxent_grpo.launch.launcher import prepare
-
+        request = _request(args)
+        return evaluate_main(request, args.checkpoint, args.step, args.benchmark, args.queued)
     if args.command == "run":
         return run_attempt(_request(args), early_signals=tuple(args.early_signals))
     if args.command == "plan":
@@ -245,8 +246,7 @@ def _run(args) -> int:
     if args.command == "migrate":
         return _migrate(args)
     if args.command == "submit":
-        from maxent_grpo.launch.sbatch import slurm_resources
-        from maxent_grpo.launch.submit import SubmitOptions, submit
+        from maxent_grpo.launch.submit import SubmitOptions, submit  # imports submitit
 
         job = submit(
             _request(args),
@@ -263,15 +263,11 @@ def _run(args) -> int:
         print(f"submitted job {job.job_id}; submitit folder: {args.folder}/{job.job_id}")
         return 0
     if args.command == "sbatch":
-        from maxent_grpo.launch.sbatch import sbatch_command, submit_sbatch
-
         command = sbatch_command(_request(args), args)
         job_id = submit_sbatch(_request(args), args, command)
         print(f"submitted job {job_id}: {' '.join(command)}")
         return 0
     if args.command == "tiny-model":
-        from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
-
         print(ensure_tiny_model(args.out or DEFAULT_TINY_MODEL_DIR))
         return 0
     raise AssertionError(args.command)
@@ -279,9 +275,6 @@ def _run(args) -> int:
 
 def _check(request, environment) -> str:
     """`check`: the verdict on a recipe, with every problem at once (a ConfigProblems)."""
-    from maxent_grpo.launch.launcher import prepare
-    from maxent_grpo.recipe.problems import collecting
-
     # full: the trainers' checks too (TRL's own included), which the launcher leaves to them.
     with collecting(request.recipe):
         prepared = prepare(request, environment=environment, full=True)
@@ -298,9 +291,7 @@ def _check(request, environment) -> str:
 
 def _migrate(args) -> int:
     """`migrate`: write the translated recipe, list what changed, then check the result."""
-    from maxent_grpo.launch.launcher import RunRequest
-    from maxent_grpo.recipe.migrate import migrate_text
-    from maxent_grpo.recipe.parser import load_recipe_file
+    from maxent_grpo.recipe.migrate import migrate_text  # imports TRL (recipe.keys): seconds
 
     load_recipe_file(args.recipe)  # one line for a missing or malformed file
     text, changes = migrate_text(Path(args.recipe).read_text(), args.recipe)

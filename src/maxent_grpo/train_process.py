@@ -22,12 +22,12 @@ from maxent_grpo.train.unused_libraries import mark_unused_libraries_absent
 
 def trainer_class(method: str) -> type:
     """The trainer class of a method."""
-    # Imported here: both import TRL, which must wait for mark_unused_libraries_absent.
+    # Both import TRL, which must wait for mark_unused_libraries_absent (cli_main).
     if method == "maxent":
-        from maxent_grpo.maxent.trainer import MaxEntGRPOTrainer
+        from maxent_grpo.maxent.trainer import MaxEntGRPOTrainer  # imports TRL
 
         return MaxEntGRPOTrainer
-    from maxent_grpo.train.grpo_trainer import GRPOTrainer
+    from maxent_grpo.train.grpo_trainer import GRPOTrainer  # imports TRL
 
     return GRPOTrainer
 

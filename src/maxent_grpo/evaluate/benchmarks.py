@@ -163,7 +163,7 @@ def _from_mapping(index: int, entry: dict[str, Any]) -> Benchmark:
 
 
 def _looks_local(name: str) -> bool:
-    from maxent_grpo.data import source_kind
+    from maxent_grpo.data import source_kind  # imports datasets: seconds
 
     return source_kind(name) == "local"
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import shutil
 
 from maxent_grpo.errors import ConfigError, UserError
+from maxent_grpo.evaluate.benchmarks import parse_benchmarks
 
 
 def check_benchmarks(script, training) -> None:
     """Every benchmark parses, its reward resolves and its data is there (built-in and local
     columns; offline, a hub dataset in the cache); benchmark_mode slurm needs sbatch."""
-    from maxent_grpo.evaluate.benchmarks import parse_benchmarks
-    from maxent_grpo.evaluate.data import check_data, where
-    from maxent_grpo.rewards import get_reward_funcs
+    from maxent_grpo.evaluate.data import check_data, where  # imports datasets: seconds
+    from maxent_grpo.rewards import get_reward_funcs  # imports sympy (math rewards)
 
     benches = parse_benchmarks(script.benchmarks, script.system_prompt)
     if not benches:

@@ -7,14 +7,16 @@ import os
 import sys
 
 from maxent_grpo.errors import EXIT_USER_ERROR, UserError, error_report
+from maxent_grpo.evaluate.benchmarks import select
+from maxent_grpo.evaluate.checks import check_benchmarks
+from maxent_grpo.evaluate.run import evaluate_target, quiet_progress, resolve_target
+from maxent_grpo.evaluate.schedule import benchmarks_of
+from maxent_grpo.recipe import build_recipe, read_recipe
 
 
 def load_recipe(request):
     """The request's recipe, checked the way the trainer checks it (bf16 recipes are read as
     CPU recipes where there is no GPU), and its benchmark keys."""
-    from maxent_grpo.evaluate.checks import check_benchmarks
-    from maxent_grpo.recipe import build_recipe, read_recipe
-
     keys = read_recipe(request.argv(), request.method)
     if not _cuda():
         keys = keys.with_values(use_cpu=True)
@@ -59,10 +61,6 @@ def _print(results: list[dict], failed: list[str], step: int) -> None:
 def main(request, checkpoint: str | None, step: int | None, names, queued: bool) -> int:
     """Evaluate; 0 when every benchmark was scored (or skipped), 1 when one failed, 2 for bad
     input (before any model loads)."""
-    from maxent_grpo.evaluate.benchmarks import select
-    from maxent_grpo.evaluate.run import evaluate_target, quiet_progress, resolve_target
-    from maxent_grpo.evaluate.schedule import benchmarks_of
-
     try:
         recipe = load_recipe(request)
         benches = select(benchmarks_of(recipe), list(names or []))

@@ -20,7 +20,14 @@ from typing import Any
 
 from maxent_grpo.errors import UserError
 from maxent_grpo.evaluate.benchmarks import Benchmark
+from maxent_grpo.evaluate.generate import (
+    load_tokenizer,
+    make_generator,
+    pick_backend,
+    prompt_texts,
+)
 from maxent_grpo.evaluate.scoring import score_rewards
+from maxent_grpo.recipe.needs import uses_wandb
 from maxent_grpo.rundir.checkpoints import CHECKPOINT_MARKER
 from maxent_grpo.rundir.events import emit, read_events
 from maxent_grpo.rundir.ledger import missing
@@ -71,7 +78,7 @@ def _device(recipe) -> str:
 
 
 def _reward(recipe, bench: Benchmark):
-    from maxent_grpo.rewards import get_reward_funcs, guard_rewards
+    from maxent_grpo.rewards import get_reward_funcs, guard_rewards  # imports sympy
 
     script = recipe.script
     settings = script.reward_settings(recipe.training.max_completion_length)
@@ -111,8 +118,7 @@ def _write_samples(out: Path, bench: Benchmark, step: int, rows, completions, re
 
 def run_benchmark(recipe, bench: Benchmark, generator, tokenizer, target: Target) -> dict:
     """Generate, score and record one benchmark; returns its `eval` event's fields."""
-    from maxent_grpo.evaluate.data import load_rows
-    from maxent_grpo.evaluate.generate import prompt_texts
+    from maxent_grpo.evaluate.data import load_rows  # imports datasets: seconds
 
     started = time.monotonic()
     rows = load_rows(bench, recipe.script, f"benchmarks ({bench.name})")
@@ -162,8 +168,6 @@ def _record(out: Path, kind: str, target: Target, names: list[str], job, reason:
 def _open(recipe, target: Target, progress):
     """(generator, tokenizer, backend) for the target: its weights loaded once for every
     benchmark of the evaluation."""
-    from maxent_grpo.evaluate.generate import load_tokenizer, make_generator, pick_backend
-
     device = _device(recipe)
     backend = pick_backend(recipe.script.benchmark_backend, device)
     model, launch = recipe.model, recipe.launch
@@ -229,8 +233,6 @@ def report_wandb(recipe, results: list[dict]) -> None:
     """Scores to W&B when the recipe reports there: the active run (inline evaluation in the
     trainer), else a run of its own in the training run's group (job_type eval; the training
     run's id, WANDB_RUN_ID, is not resumed: the training job may still be writing to it)."""
-    from maxent_grpo.train.wandb_run import uses_wandb
-
     if not results or not uses_wandb(recipe.training):
         return
     try:

@@ -23,7 +23,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from maxent_grpo.evaluate.benchmarks import parse_benchmarks
+from maxent_grpo.evaluate.run import Target, evaluate_target, quiet_progress, skip, step_of
 from maxent_grpo.rundir.events import emit, read_events
+from maxent_grpo.rundir.heartbeat import Heartbeat
 from maxent_grpo.rundir.ledger import due_steps, missing
 
 logger = logging.getLogger("maxent_grpo.evaluate")
@@ -52,14 +55,10 @@ def resolve_mode(mode: str, environ: Mapping[str, str] = os.environ) -> str:
 
 
 def benchmarks_of(recipe):
-    from maxent_grpo.evaluate.benchmarks import parse_benchmarks
-
     return parse_benchmarks(recipe.script.benchmarks, recipe.script.system_prompt)
 
 
 def _final_step(output_dir: Path) -> int | None:
-    from maxent_grpo.evaluate.run import step_of
-
     return step_of(output_dir)
 
 
@@ -148,8 +147,6 @@ def targets(recipe, final: bool) -> list[tuple[Path, int]]:
 
 def queue_due(recipe, final: bool = False, environ=os.environ) -> None:
     """Queue an evaluation job for every target that has no evaluation event yet."""
-    from maxent_grpo.evaluate.run import Target, skip
-
     names = [b.name for b in benchmarks_of(recipe)]
     out = Path(recipe.output_dir)
     for path, step in targets(recipe, final):
@@ -163,8 +160,6 @@ def queue_due(recipe, final: bool = False, environ=os.environ) -> None:
 
 def evaluate_inline(recipe) -> None:
     """Evaluate the due checkpoints and the final model in this process, after training."""
-    from maxent_grpo.evaluate.run import Target, evaluate_target, quiet_progress
-
     benches = benchmarks_of(recipe)
     quiet_progress()
     for path, step in targets(recipe, final=True):
@@ -175,8 +170,6 @@ def _beats(recipe):
     """The trainer's heartbeat (rundir/heartbeat.py), beaten while an inline evaluation
     generates: the launcher's hang watchdog sees it progressing."""
     try:
-        from maxent_grpo.rundir.heartbeat import Heartbeat
-
         heartbeat = Heartbeat(recipe.output_dir)
     except Exception:  # noqa: BLE001 - no heartbeat, no beats
         return None

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from maxent_grpo.errors import EXIT_USER_ERROR, UserError
 from maxent_grpo.launch.launcher import Prepared, RunRequest, prepare
 from maxent_grpo.launch.outcomes import (
@@ -66,8 +68,6 @@ STOP_DRAIN_S = 300
 
 def declared_output_dir(request: RunRequest) -> Path | None:
     """The output_dir a request names, read without parsing: even a broken recipe has one."""
-    import yaml
-
     if request.run_name:
         return Path("outputs") / request.run_name
     overrides = list(request.overrides)

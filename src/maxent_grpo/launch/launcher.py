@@ -18,8 +18,9 @@ from maxent_grpo.launch.overrides import EnvOverrides, env_overrides
 from maxent_grpo.launch.plan import Environment, Plan, Ports, make_plan, parse_visible_devices
 from maxent_grpo.launch.processes import free_port, slurm_nodes
 from maxent_grpo.launch.requirements import check_installed
-from maxent_grpo.recipe import RecipeKeys, read_recipe
-from maxent_grpo.recipe.checks import check_keys
+from maxent_grpo.recipe import RecipeKeys, build_recipe, read_recipe
+from maxent_grpo.recipe.checks import check_keys, check_recipe
+from maxent_grpo.recipe.problems import rule
 from maxent_grpo.timers import timed
 from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
 
@@ -107,8 +108,6 @@ def prepare(
     with timed("prepare: read_recipe"):
         keys = read_recipe(request.argv(overrides.flags), _method(request, overrides))
     if packages:
-        from maxent_grpo.recipe.problems import rule
-
         # under `maxent-grpo check`, reported with the recipe's problems
         with timed("prepare: check_installed"), rule(keys.path):
             check_installed(keys.path, keys.values)
@@ -135,9 +134,6 @@ def prepare(
 
 def _build_and_check(keys: RecipeKeys, plan: Plan) -> None:
     """Every check of the trainers (TRL's, rewards, data columns, benchmarks) for the plan."""
-    from maxent_grpo.recipe import build_recipe
-    from maxent_grpo.recipe.checks import check_recipe
-
     if plan.device == "cpu" or not _cuda_here():
         # A GPU recipe is checked on a login node too: build it as if on CPU (bf16 etc.).
         keys = keys.with_values(use_cpu=True)

@@ -24,6 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR
+from maxent_grpo.rundir.checkpoints import run_is_complete
+from maxent_grpo.rundir.events import read_sparse
+from maxent_grpo.rundir.heartbeat import read_exit_reports, read_heartbeats
 
 EXIT_FAILED = 1
 STOP_CLASSES = ("preempted", "time_limit", "stopped")
@@ -184,8 +187,6 @@ def from_log(tail: str, code: int | None, previous: Mapping | None) -> Outcome:
 
 def previous_outcome(output_dir) -> dict | None:
     """The last outcome event of the run so far (before this attempt's start), or None."""
-    from maxent_grpo.rundir.events import read_sparse
-
     outcomes = [e for e in read_sparse(output_dir, last_steps=0) if e["event"] == "outcome"]
     return outcomes[-1] if outcomes else None
 
@@ -208,9 +209,6 @@ def classify(output_dir, watched, stop, previous: Mapping | None, train_log) -> 
 
     watched: launch/watchdog.py Watched.
     """
-    from maxent_grpo.rundir.checkpoints import run_is_complete
-    from maxent_grpo.rundir.heartbeat import read_exit_reports, read_heartbeats
-
     if run_is_complete(output_dir):
         return Outcome("completed", "training complete", 0)
     if watched.hang is not None:

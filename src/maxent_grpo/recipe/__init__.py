@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from maxent_grpo.errors import ConfigError, ConfigProblems, exception_text
+from maxent_grpo.recipe.checks import batch_for_processes
 from maxent_grpo.recipe.parser import RecipeKeys, read_recipe, split_config_flag
 from maxent_grpo.recipe.problems import Problems, collecting
 
@@ -100,8 +101,7 @@ def build_recipe(keys: RecipeKeys, world_size: int) -> Recipe:
     Every problem is raised together (recipe/problems.py); inside an outer `collecting` (the
     `check` command) a section that could not be built is None and the problems go outwards.
     """
-    from maxent_grpo.recipe.checks import batch_for_processes
-    from maxent_grpo.recipe.keys import planned_world_size
+    from maxent_grpo.recipe.keys import planned_world_size  # imports TRL
     from maxent_grpo.recipe.sections import SECTIONS  # imports TRL
 
     with collecting(keys.path) as problems:

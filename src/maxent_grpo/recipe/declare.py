@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from maxent_grpo.errors import ConfigError
+
 _OPERATORS = {
     ">": (lambda v, b: v > b),
     ">=": (lambda v, b: v >= b),
@@ -109,8 +111,6 @@ def declarations(sections: Iterable[type], library_keys: dict[str, Accepts]) -> 
 def check_own_ranges(config: Any) -> None:
     """A section's own declared ranges (its `__post_init__`), for a section built directly
     (the recipe parser checks every declared range when it reads a recipe)."""
-    from maxent_grpo.errors import ConfigError
-
     for name, accepts in own_declarations(type(config)).items():
         value = getattr(config, name)
         if accepts.range and value is not None and not in_range(value, accepts.range):

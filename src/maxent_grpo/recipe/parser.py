@@ -27,8 +27,10 @@ import yaml
 
 from maxent_grpo.errors import ConfigError
 from maxent_grpo.methods import METHODS, resolve_method
+from maxent_grpo.recipe.checks import check_ranges
 from maxent_grpo.recipe.migrations import ALIASES, MIGRATIONS
 from maxent_grpo.recipe.problems import Problems, collecting
+from maxent_grpo.recipe.schema import method_keys, schema_parser
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,6 @@ class RecipeKeys:
     @property
     def launch(self) -> SimpleNamespace:
         """The launcher's keys (LauncherKeys), read as on a built Recipe (keys.launch.x)."""
-        from maxent_grpo.recipe.schema import method_keys
-
         keys = method_keys(self.method)
         return SimpleNamespace(
             **{k: v for k, v in self.values.items() if keys.get(k, {}).get("section") == "launch"}
@@ -311,9 +311,6 @@ def read_recipe(
     run when the sections are built (build_recipe). parser_for: the parser of a method's keys
     (tests pass TRL's own, schema.trl_parser, to compare).
     """
-    from maxent_grpo.recipe.checks import check_ranges
-    from maxent_grpo.recipe.schema import schema_parser
-
     path, args = split_config_flag(list(argv))
     source = path or "command line"
     with collecting(source) as problems:

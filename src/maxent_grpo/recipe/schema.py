@@ -105,8 +105,8 @@ def trl_parser(types: tuple[type, ...]) -> argparse.ArgumentParser:
     the schema describes (and the tests' reference reader)."""
     from trl import TrlParser
 
-    from maxent_grpo.recipe.keys import TRL_CONVERTERS
-    from maxent_grpo.recipe.ranges import TRL_KEYS
+    from maxent_grpo.recipe.keys import TRL_CONVERTERS  # imports TRL
+    from maxent_grpo.recipe.ranges import TRL_KEYS  # imports transformers
 
     class RaisingTrlParser(TrlParser):
         error = RecipeArgumentParser.error
@@ -146,7 +146,7 @@ def _type_spec(convert: Any, action: argparse.Action) -> dict[str, Any]:
 
 
 def _trl_converters() -> dict[str, Any]:
-    from maxent_grpo.recipe.keys import TRL_CONVERTERS
+    from maxent_grpo.recipe.keys import TRL_CONVERTERS  # imports TRL
 
     return TRL_CONVERTERS
 
@@ -190,8 +190,8 @@ def _key_specs(types: tuple[type, ...]) -> dict[str, dict[str, Any]]:
 def key_declarations() -> dict[str, Accepts]:
     """Every key's declared range, choices (TRL keys) and packages, over every method's
     sections and recipe/ranges.py TRL_KEYS (imports TRL)."""
-    from maxent_grpo.recipe.ranges import TRL_KEYS
-    from maxent_grpo.recipe.sections import SECTIONS
+    from maxent_grpo.recipe.ranges import TRL_KEYS  # imports transformers
+    from maxent_grpo.recipe.sections import SECTIONS  # imports TRL
 
     sections = dict.fromkeys(s for types in SECTIONS.values() for s in types)
     return declarations(sections, TRL_KEYS)
@@ -202,8 +202,8 @@ def generate() -> dict[str, Any]:
     import transformers
     import trl
 
-    from maxent_grpo.recipe.keys import MAPPING_LISTS
-    from maxent_grpo.recipe.sections import SECTIONS
+    from maxent_grpo.recipe.keys import MAPPING_LISTS  # imports TRL
+    from maxent_grpo.recipe.sections import SECTIONS  # imports TRL
 
     declared = key_declarations()
     methods = {}

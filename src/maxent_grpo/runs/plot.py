@@ -21,6 +21,7 @@ from pathlib import Path
 
 from maxent_grpo.errors import UserError
 from maxent_grpo.rundir.events import events_path, read_events
+from maxent_grpo.rundir.ledger import score_series
 from maxent_grpo.runs.sources import looks_like_run_dir, read_output_dir
 from maxent_grpo.runs.state import detect_method, resume_points, split_attempts
 from maxent_grpo.runs.table import METHOD_LABELS
@@ -94,8 +95,6 @@ def history_from_events(events: Sequence[dict]) -> list[dict]:
 def with_scores(history: Sequence[dict], events: Sequence[dict]) -> list[dict]:
     """The history with each benchmark's score (`eval` events, rundir/ledger.py) as
     `eval/<benchmark>` at its step: beside that step's metrics, or an entry of its own."""
-    from maxent_grpo.rundir.ledger import score_series
-
     series = score_series(events)
     if not series:
         return list(history)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from maxent_grpo.methods import METHODS
 from maxent_grpo.rundir.checkpoints import RUN_MARKER
 from maxent_grpo.rundir.events import events_path, read_sparse
+from maxent_grpo.rundir.ledger import latest_scores, pending
 from maxent_grpo.runs.sources import (
     OutputDir,
     RunLog,
@@ -196,8 +197,6 @@ def run_info(
 
 def _evaluations(info: RunInfo, events: list[dict]) -> None:
     """EVAL: each benchmark's newest score (rundir/ledger.py), and the evaluations queued."""
-    from maxent_grpo.rundir.ledger import latest_scores, pending
-
     scores = latest_scores(events)
     info.evals = {name: {"step": step, "score": score} for name, (step, score) in scores.items()}
     info.evals_queued = pending(events)

@@ -27,15 +27,17 @@ from maxent_grpo.errors import (
     exception_text,
 )
 from maxent_grpo.faults import failpoint
+from maxent_grpo.recipe.needs import uses_wandb
 from maxent_grpo.rundir.checkpoints import (
     last_complete_checkpoint,
     mark_run_complete,
     run_is_complete,
 )
 from maxent_grpo.rundir.events import emit
+from maxent_grpo.timers import timed
 from maxent_grpo.train.checkpoints import make_stop_callback
 from maxent_grpo.train.heartbeat import attach_heartbeat
-from maxent_grpo.train.wandb_run import export_wandb_run, make_wandb_step_callback, uses_wandb
+from maxent_grpo.train.wandb_run import export_wandb_run, make_wandb_step_callback
 
 
 class StoppedForRequeue(Exception):
@@ -112,8 +114,6 @@ def make_step_event_callback():
     """A TrainerCallback: a `step` event (rundir/events.py) for every log of the main process."""
     from transformers import TrainerCallback  # deferred: transformers is slow to import
 
-    from maxent_grpo.timers import timed
-
     class StepEvents(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not state.is_world_process_zero or not logs:
@@ -134,8 +134,8 @@ def make_step_event_callback():
 def _build_trainer(recipe, trainer_class):
     from trl import get_peft_config
 
-    from maxent_grpo.data import load_datasets
-    from maxent_grpo.rewards import get_reward_funcs, guard_rewards
+    from maxent_grpo.data import load_datasets  # imports datasets: seconds
+    from maxent_grpo.rewards import get_reward_funcs, guard_rewards  # imports sympy
 
     script_args, training_args, model_args = recipe.script, recipe.training, recipe.model
     dataset = load_datasets(script_args)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import sys
 
-from maxent_grpo.launch.requirements import recipe_needs
-from maxent_grpo.train.wandb_run import reports_to_wandb
+from maxent_grpo.recipe.needs import recipe_needs, reports_to_wandb
 
 
 def unused_libraries(keys) -> list[str]:
     """The optional libraries a recipe's run never calls (keys: RecipeKeys). vLLM stays for
     generation (use_vllm) and for benchmarks, which an inline evaluation in this process runs
-    with vLLM on a GPU; peft when the recipe needs it (launch/requirements.py: use_peft; a
+    with vLLM on a GPU; peft when the recipe needs it (recipe/needs.py: use_peft; a
     model that is an adapter is refused by recipe/checks.py: check_model_path)."""
     unused = []
     if not reports_to_wandb(keys.report_to):

@@ -28,19 +28,10 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from maxent_grpo.recipe.needs import uses_wandb
+
 RUN_ID_FILE = "wandb_run_id"
 STEP_FILE = "wandb_step"
-
-
-def uses_wandb(training_args) -> bool:
-    return reports_to_wandb(training_args.report_to)
-
-
-def reports_to_wandb(report_to) -> bool:
-    """Whether a `report_to` value (a name, a list of names, None) includes W&B."""
-    report_to = report_to or []
-    report_to = [report_to] if isinstance(report_to, str) else report_to
-    return "wandb" in report_to or "all" in report_to
 
 
 def persistent_run_id(output_dir: str | os.PathLike) -> str:
