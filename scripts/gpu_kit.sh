@@ -18,7 +18,8 @@
 # offline: the model (the Qwen2.5-0.5B shape, random weights; the tiny model with --cpu) and
 # its tokenizer are built locally. GPU_KIT_BUDGET_S bounds the whole run (default 390 s on
 # GPU: two runs fit a 15-minute device loan); GPU_KIT_PYTHON picks the interpreter (default:
-# python3 on GPU, .venv/bin/python with --cpu).
+# python3 on GPU, .venv/bin/python with --cpu); GPU_KIT_STEPS="oom zero2" runs only those
+# steps (and the model's); GPU_KIT_KEEP=1 keeps the work folder (models, logs, checkpoints).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -133,7 +134,10 @@ run() {
 
     # The wheels: onto PYTHONPATH ahead of whatever the interpreter has.
     local t0=$(date +%s.%N)
-    if compgen -G "$KIT/*.whl" >/dev/null; then
+    if ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+        echo "0 0 0 the wheels are for Python 3.12: the interpreter's own packages" \
+            >"$WORK/steps/install.rc"
+    elif compgen -G "$KIT/*.whl" >/dev/null; then
         timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
             --disable-pip-version-check --target "$WORK/site" "$KIT"/*.whl || rc=$?
         export PYTHONPATH="$WORK/site:$PYTHONPATH"
@@ -166,11 +170,18 @@ run() {
         caps="model:60 overhead:150 signal:150 oom:10 maxent:60 checkpointing:60 zero2:10"
     fi
     for entry in $caps; do
+        # GPU_KIT_STEPS="oom zero2": only those (a rerun of what failed); the model always.
+        if [[ -n "${GPU_KIT_STEPS:-}" && "${entry%%:*}" != model &&
+            " $GPU_KIT_STEPS " != *" ${entry%%:*} "* ]]; then
+            continue
+        fi
         run_step "${entry%%:*}" "${entry##*:}"
     done
+    rc=0
     "$PY" bench/gpu_kit/kit.py report --work "$WORK" --mode "$MODE" --out "$out" \
-        --total "$(($(date +%s) - START))"
+        --total "$(($(date +%s) - START))" || rc=$?
     [[ -n "${GPU_KIT_KEEP:-}" ]] || rm -rf "$WORK"
+    return $rc # 1 when a step failed, ran out of time or did not run
 }
 
 case "${1:-}" in

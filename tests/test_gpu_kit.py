@@ -176,12 +176,14 @@ def test_the_report_of_a_gpu_run_names_the_card_each_outcome_and_why_a_step_fail
         (work.work / "results" / f"{name}.json").write_text(json.dumps(result))
         (steps / f"{name}.rc").write_text(f"{1 if 'error' in result else 0} 12.5 60\n")
     (steps / "install.rc").write_text("0 3.0 120 wheels\n")
+    (work.work / "conflicts.txt").write_text("datasets needs pyarrow>=24.0.0: 21.0.0 installed\n")
     (steps / "signal.rc").write_text("124 120.0 120\n")
     (steps / "checkpointing.rc").write_text("skipped 0 out of the kit's time budget (390 s)\n")
 
     assert report.write_report(work, tmp_path / "out", 400.0) == 1  # a step failed
     table = (tmp_path / "out" / "gpu_kit.md").read_text()
     assert table.startswith("# GPU proof kit: NVIDIA H100 80GB HBM3\n")
+    assert "break: datasets needs pyarrow>=24.0.0: 21.0.0 installed." in table
     assert (
         "| oom | ok | 12 | outcome oom, 1 attempt, exit 2: out of memory (...); lower x |" in table
     )

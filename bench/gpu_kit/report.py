@@ -99,7 +99,7 @@ def run_rows(steps: dict, mode: str) -> list[tuple[str, dict]]:
     return rows
 
 
-def markdown(steps: dict, mode: str, total: float) -> str:
+def markdown(steps: dict, mode: str, total: float, conflicts: list[str] = ()) -> str:
     model = steps["model"]["result"]
     device = model.get("device", "unknown (the model step failed)")
     memory = "peak GPU memory (MiB, max_memory_allocated)" if mode == "gpu" else "peak RSS (MiB)"
@@ -109,6 +109,10 @@ def markdown(steps: dict, mode: str, total: float) -> str:
         "",
         f"Mode {mode}; torch {model.get('torch')}, CUDA {model.get('cuda')}; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; whole run {total:.0f} s.",
+        "",
+        "Needs of the carried wheels that the installed versions break: "
+        + ("; ".join(conflicts) if conflicts else "none")
+        + ".",
         "",
         "| step | status | seconds | result |",
         "| --- | --- | ---: | --- |",
@@ -141,17 +145,17 @@ def markdown(steps: dict, mode: str, total: float) -> str:
 def write_report(kit, out: Path, total: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
     steps = read_steps(kit.work)
-    text = markdown(steps, kit.mode, total)
+    found = kit.work / "conflicts.txt"  # gpu_kit.sh: packages.py conflicts, after the install
+    conflicts = found.read_text().splitlines() if found.exists() else []
+    text = markdown(steps, kit.mode, total, conflicts)
     (out / "gpu_kit.md").write_text(text)
-    conflicts = kit.work / "conflicts.txt"
     doc = {
         "mode": kit.mode,
         "device": steps["model"]["result"].get("device"),
         "total_s": total,
-        "version_conflicts": conflicts.read_text().split("\n") if conflicts.exists() else [],
+        "version_conflicts": conflicts,
         "steps": steps,
     }
-    doc["version_conflicts"] = [c for c in doc["version_conflicts"] if c]
     (out / "gpu_kit.json").write_text(json.dumps(doc, indent=1))
     logs = [f"== version conflicts: {doc['version_conflicts'] or 'none'}"]
     for log in sorted((kit.work / "logs").glob("*.log")):
