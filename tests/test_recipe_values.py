@@ -176,25 +176,6 @@ def test_a_library_exception_while_a_section_is_built_is_one_line():
     assert _build_section(Section, {"mode": "b"}, problems) == Section()
 
 
-def test_the_trainer_refusing_a_value_is_one_line_naming_the_key(tmp_path):
-    from maxent_grpo.train.entry import _refused_values
-
-    recipe = parse_recipe(["--config", str(write_recipe(tmp_path))])
-    with pytest.raises(ConfigError) as info, _refused_values(recipe):
-        raise ValueError("Number of reward weights (4) must match\n number of reward functions")
-    assert str(info.value) == (
-        f"{recipe.path}: key 'reward_weights' ([1.0, 1.0, 0.5, 0.5]): the trainer refused it: "
-        "Number of reward weights (4) must match number of reward functions; fix reward_weights"
-    )
-    with (
-        pytest.raises(ConfigError, match=r"could not be built: KeyError: x$"),
-        _refused_values(recipe),
-    ):
-        raise KeyError("x")
-    with pytest.raises(MemoryError), _refused_values(recipe):
-        raise MemoryError  # not a refused value: its own class (the launcher's oom)
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("command", "key", "value"),

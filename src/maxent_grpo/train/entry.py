@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import linecache
 import logging
 import os
 import re
@@ -162,21 +163,40 @@ def _build_trainer(recipe, trainer_class):
         )
 
 
-# What TRL's trainer constructor raises for a value it refuses; anything else (out of memory,
-# a missing file, a bug) keeps its own class and traceback.
-_REFUSALS = (ValueError, TypeError, KeyError, AssertionError, NotImplementedError)
+# What a constructor's check raises for a value it refuses (TRL's GRPOTrainer.__init__,
+# transformers' Trainer.__init__, a config's __post_init__, our mixins).
+_REFUSALS = (ValueError, TypeError, AssertionError, NotImplementedError)
+_CONSTRUCTORS = ("__init__", "__post_init__")
+
+
+def raised_by_a_check(exc: BaseException) -> bool:
+    """Whether `exc` comes from a constructor's own check: its innermost frame is an
+    `__init__` / `__post_init__` stopped at a `raise` or `assert` statement. A library bug
+    (a failing lookup or call, anywhere, or any error deeper down) is not."""
+    tb = exc.__traceback__
+    if not isinstance(exc, _REFUSALS) or tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    statement = linecache.getline(code.co_filename, tb.tb_lineno).lstrip()
+    return code.co_name in _CONSTRUCTORS and statement.startswith(("raise ", "assert "))
 
 
 @contextmanager
 def _refused_values(recipe) -> Iterator[None]:
-    """A value the trainer refuses while it is built is a recipe problem: one line naming the
-    recipe and, when the message names one, the key (checks.py refuses what it can earlier)."""
+    """A value of the recipe that the trainer refuses while it is built is a user error: one
+    line naming the recipe and, when the message names one, the key (recipe/checks.py refuses
+    what it can earlier). Only a constructor's check counts (raised_by_a_check); anything else
+    raised while the trainer is built is a crash, with its class and traceback in the log."""
     try:
         yield
     except UserError:
         raise
     except _REFUSALS as exc:
-        logger.debug("building the trainer failed", exc_info=True)
+        if not raised_by_a_check(exc):
+            raise
+        logger.debug("the trainer refused the recipe", exc_info=True)
         raise ConfigError(refusal_line(recipe, exc)) from exc
 
 
@@ -196,7 +216,7 @@ def refusal_line(recipe, exc: BaseException) -> str:
         if (match := re.search(_named(field.name), text, re.IGNORECASE))
     ]
     if not named:
-        return f"{recipe.path}: the trainer could not be built: {text}"
+        return f"{recipe.path}: the trainer refused the recipe: {text}"
     _, key, value = min(named)  # the first key the message names
     return f"{recipe.path}: key '{key}' ({value!r}): the trainer refused it: {text}; fix {key}"
 
