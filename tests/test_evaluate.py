@@ -245,8 +245,13 @@ def test_recipe_check_reports_a_bad_benchmark_in_one_line(tmp_path, tiny_model, 
 def test_hub_benchmark_offline_and_not_cached_is_one_line(
     tmp_path, tiny_model, capsys, monkeypatch
 ):
+    import datasets
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    # datasets read the variable when it was imported (maybe by an earlier test): without this
+    # it tries the hub, and with no network here that takes 20-25 s to fail.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     bench = {"name": "hub", "dataset": "no-such-org/no-such-dataset-xyz", "answer_column": None}
     code, err = _check(tmp_path, tiny_model, capsys, benchmarks=[bench])
     assert code == 2

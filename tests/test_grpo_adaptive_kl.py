@@ -58,10 +58,17 @@ def step_logs(output_dir: Path) -> dict[int, dict]:
     return {e["step"]: e for e in state["log_history"] if "loss" in e}
 
 
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, tiny_model) -> Path:
+    """The adaptive recipe's 6 steps, uninterrupted (read by the tests below, never changed)."""
+    folder = tmp_path_factory.mktemp("full")
+    train(adaptive_recipe(folder, tiny_model))
+    return folder / "out"
+
+
 @pytest.mark.integration
-def test_grpo_beta_follows_the_kl_controller(tmp_path, tiny_model):
-    out = tmp_path / "out"
-    train(adaptive_recipe(tmp_path, tiny_model))
+def test_grpo_beta_follows_the_kl_controller(full_run):
+    out = full_run
     logs = step_logs(out)
     assert sorted(logs) == [1, 2, 3, 4, 5, 6]
 
@@ -80,10 +87,9 @@ def test_grpo_beta_follows_the_kl_controller(tmp_path, tiny_model):
 
 
 @pytest.mark.integration
-def test_resume_restores_the_kl_controller(tmp_path, tiny_model):
+def test_resume_restores_the_kl_controller(tmp_path, tiny_model, full_run):
     """Stopped after step 3 (a complete checkpoint), resumed to step 6: the same betas."""
-    full, part = tmp_path / "full", tmp_path / "part"
-    train(adaptive_recipe(full, tiny_model))
+    part = tmp_path / "part"
     part_recipe = adaptive_recipe(part, tiny_model)
     train(part_recipe, "--max_steps", "3")
     out = part / "out"
@@ -91,7 +97,7 @@ def test_resume_restores_the_kl_controller(tmp_path, tiny_model):
     (out / RUN_MARKER).unlink()  # as if the job had been stopped right after the checkpoint
     train(part_recipe)
 
-    expected, resumed = step_logs(full / "out"), step_logs(out)
+    expected, resumed = step_logs(full_run), step_logs(out)
     saved = json.loads((out / "checkpoint-3" / KL_STATE_FILE).read_text())
     # The state after step 3 is what step 4 ran with, and it has moved from its start.
     assert saved["beta"] == expected[4]["beta"] != INIT_BETA
