@@ -31,9 +31,9 @@ from helpers.recipes import small_recipe
 pytestmark = pytest.mark.slurm
 
 GRACE_S = 30  # GraceTime of the debug partition
-STEPS = 300
-# Steps of at least 0.2 s (a reward that sleeps): the first attempt cannot finish within the
-# grace time however quiet the machine is.
+# Steps of at least 0.2 s (a reward that sleeps): preempted after step 5, the first attempt
+# does at most 5 + GRACE_S / 0.2 = 155 steps before it stops, however quiet the machine is.
+STEPS = 200
 SLOW = "tests.helpers.slow_rewards:slow_digit_fraction"
 CPUS = 20  # of the node's 32 declared CPUs: the high job's 20 do not fit beside it
 

@@ -143,7 +143,9 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluste
 
 
 def test_array_retry_resumes_after_hard_kill_and_later_tasks_exit_at_once(slurm_cluster, tmp_path):
-    steps = 400
+    # The kill comes within a poll (0.5 s) of checkpoint-20: 100 more steps (12 s or more)
+    # keep the first task mid-training; the second trains them after its resume.
+    steps = 120
     path = small_recipe(tmp_path, **KEYS, max_steps=steps, save_steps=20)
     job = sbatch_training(slurm_cluster, tmp_path, path, "--array=0-2%1")
     out_dir = tmp_path / "out"
