@@ -291,10 +291,12 @@ def _check(request, environment) -> str:
 
 def _migrate(args) -> int:
     """`migrate`: write the translated recipe, list what changed, then check the result."""
-    from maxent_grpo.recipe.migrate import migrate_text  # imports TRL (recipe.keys): seconds
+    from maxent_grpo.recipe.migrate import behaviour_differences, migrate_text  # imports TRL
 
     load_recipe_file(args.recipe)  # one line for a missing or malformed file
-    text, changes = migrate_text(Path(args.recipe).read_text(), args.recipe)
+    text, changes = migrate_text(
+        Path(args.recipe).read_text(), args.recipe, args.gpus and args.gpus * args.nodes
+    )
     Path(args.out).write_text(text)
     left_out = [c for c in changes if c.left_out]
     print(
@@ -303,6 +305,10 @@ def _migrate(args) -> int:
     )
     for change in changes:
         print(f"  {'left out' if change.left_out else 'changed'}: {change.text}")
+    differences = behaviour_differences(changes)
+    if differences:
+        print(f"behaviour differences: this run trains differently from {args.recipe} in:")
+        print("\n".join(f"  - {line}" for line in differences))
     try:
         print(_check(RunRequest(recipe=args.out, method=args.method), _planned(args)))
     except UserError as exc:

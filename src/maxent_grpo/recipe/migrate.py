@@ -16,7 +16,6 @@ import yaml
 from maxent_grpo.recipe.keys import ConfigError
 from maxent_grpo.recipe.migrations import (
     DEFAULT_CHANGES,
-    JUDGED_REWARDS,
     MIGRATIONS,
     REMOVE,
     VALUE_CHANGES,
@@ -31,6 +30,7 @@ SERVER_MODE_RENAMES = {"vllm_gpu_memory_utilization": "vllm_server_gpu_memory_ut
 _ANCHORS = {
     "vllm_mode": ("use_vllm",),
     "dataset_prompt_column": ("dataset_mixture", "dataset_config", "dataset_name"),
+    "dataset_test_split": ("dataset_config", "dataset_name"),
 }
 
 
@@ -39,6 +39,7 @@ class Change:
     key: str
     left_out: bool  # True: removed with no counterpart; False: translated or added
     text: str  # one line: what was done and why
+    differs: bool = False  # this run trains differently from the source's (a behaviour difference)
 
     def describe(self) -> str:
         return f"left out {self.text}" if self.left_out else self.text
@@ -141,22 +142,30 @@ def _set_value(edits: _Edits, key: _Key, value: Any, change: Change, name: str =
     edits.after.setdefault(key.last, []).append(f"{name}: {_yaml(value)}")
 
 
+def _differs(m: Migration, value: Any) -> bool:
+    return m.changes is not None and bool(m.changes(value))
+
+
 def _migrate_key(edits: _Edits, key: _Key, value: Any, present: set[str]) -> None:
     m: Migration = MIGRATIONS[key.name]
     why = f"{m.origin}: {m.why}"
+    if m.action == "fold":
+        return  # folded by its rule (_fold_evaluation, _migrate_rewards)
     if m.action == "remove":
-        edits.comment_out(key, Change(key.name, True, f"{key.name} ({why})"))
+        edits.comment_out(key, Change(key.name, True, f"{key.name} ({why})", _differs(m, value)))
         return
     if m.target in present:
         text = f"{key.name}: {m.target} is set too ({why})"
         edits.comment_out(key, Change(key.name, True, text))
         return
+    present.add(m.target)
     if m.action == "convert":
         try:
             converted = m.convert(value)
         except (TypeError, ValueError) as exc:
             text = f"{key.name}: {exc} ({why})"
-            edits.comment_out(key, Change(key.name, True, text))
+            edits.comment_out(key, Change(key.name, True, text, _differs(m, value)))
+            present.discard(m.target)
             return
         if converted != value:
             text = f"{key.name}: {_yaml(value)} -> {m.target}: {_yaml(converted)} ({why})"
@@ -169,34 +178,13 @@ def _change_value(edits: _Edits, key: _Key, recipe: dict[str, Any], rule: ValueC
     old, new = recipe[key.name], rule.replace(recipe[key.name])
     if new is REMOVE:
         text = f"{key.name}: {_yaml(old)} ({rule.why})"
-        edits.comment_out(key, Change(key.name, True, text))
+        edits.comment_out(key, Change(key.name, True, text, rule.changes))
         del recipe[key.name]
         return
     text = f"{key.name}: {_yaml(old)} -> {_yaml(new)} ({rule.why})"
     partial = isinstance(old, list) and isinstance(new, list) and len(new) < len(old)
-    _set_value(edits, key, new, Change(key.name, partial, text))
+    _set_value(edits, key, new, Change(key.name, partial, text, rule.changes))
     recipe[key.name] = new
-
-
-def _migrate_rewards(edits: _Edits, keys: dict[str, _Key], recipe: dict[str, Any]) -> None:
-    names = recipe.get("reward_funcs")
-    if not isinstance(names, list) or not any(n in JUDGED_REWARDS for n in names):
-        return
-    kept = [i for i, n in enumerate(names) if n not in JUDGED_REWARDS]
-    judged = [n for n in names if n in JUDGED_REWARDS]
-    for name in judged:
-        text = f"reward {name}: it {JUDGED_REWARDS[name]}"
-        edits.changes.append(Change("reward_funcs", True, text))
-    text = f"reward_funcs without {', '.join(judged)} (it {JUDGED_REWARDS[judged[0]]})"
-    if len(judged) > 1:
-        text = f"reward_funcs without {', '.join(judged)} (they need open-r1's judges)"
-    _set_value(
-        edits, keys["reward_funcs"], [names[i] for i in kept], Change("reward_funcs", False, text)
-    )
-    weights = recipe.get("reward_weights")
-    if isinstance(weights, list) and len(weights) == len(names) and "reward_weights" in keys:
-        change = Change("reward_weights", False, "reward_weights of the rewards kept")
-        _set_value(edits, keys["reward_weights"], [weights[i] for i in kept], change)
 
 
 def _add_defaults(edits: _Edits, keys: dict[str, _Key], recipe: dict[str, Any]) -> None:
@@ -221,17 +209,76 @@ def _server_mode_renames(edits: _Edits, keys: dict[str, _Key], recipe: dict[str,
             _rename(edits, keys[old], new, Change(old, False, f"{old} -> {new} ({why})"))
 
 
-def migrate_text(text: str, source: str = "recipe") -> tuple[str, list[Change]]:
-    """The migrated recipe text and its changes, one line each (see the module docstring)."""
+def _method(recipe: dict[str, Any]) -> str:
+    """The recipe's method after migration: its `method:`, else the one a key converts to."""
+    if recipe.get("method") in ("grpo", "maxent"):
+        return recipe["method"]
+    for key in ("objective", "train_grpo_objective"):
+        if key in recipe:
+            try:
+                return MIGRATIONS[key].convert(recipe[key])
+            except ValueError:
+                continue
+    return "grpo"
+
+
+def _maxent_beta(edits: _Edits, keys: dict[str, _Key], recipe: dict[str, Any]) -> None:
+    """Upstream's MaxEnt read beta as its KL weight; here MaxEnt's is init_kl_coeff."""
+    if "beta" not in keys or "init_kl_coeff" in keys or "init_kl_coef" in keys:
+        return
+    why = "upstream's MaxEnt KL weight was beta; here it is init_kl_coeff"
+    _rename(
+        edits,
+        keys["beta"],
+        "init_kl_coeff",
+        Change("beta", False, f"beta -> init_kl_coeff ({why})"),
+    )
+
+
+def _processes(recipe: dict[str, Any], gpus: int | None) -> int:
+    """Training processes on `gpus` GPUs: the vLLM server's GPUs (server mode) do not train."""
+    if gpus is None:
+        return 1
+    server = recipe.get("use_vllm") is True and recipe.get("vllm_mode", "server") == "server"
+    tp = recipe.get("vllm_tensor_parallel_size", 1)
+    return max(gpus - (tp if server and isinstance(tp, int) else 0), 1)
+
+
+def migrate_text(
+    text: str, source: str = "recipe", gpus: int | None = None
+) -> tuple[str, list[Change]]:
+    """The migrated recipe text and its changes, one line each (see the module docstring).
+
+    gpus: the GPUs of the planned node, which size the translation of upstream's kl_horizon
+    (optimizer steps) into completions; None: per training process.
+    """
+    import sys
+
+    from maxent_grpo.recipe import migrate_rules as rules
+
+    this = sys.modules[__name__]
     keys = {k.name: k for k in _top_level_keys(text, source)}
     recipe = yaml.safe_load(text) or {}
     edits = _Edits(text.splitlines())
+    handled = rules.fold_evaluation(this, edits, keys, recipe)
+    present = set(keys)
     for name, key in keys.items():
-        if name in MIGRATIONS:
-            _migrate_key(edits, key, recipe[name], set(keys))
+        if name in MIGRATIONS and name not in handled:
+            _migrate_key(edits, key, recipe[name], present)
         for rule in (r for r in VALUE_CHANGES if r.key == name and r.matches(recipe[name])):
             _change_value(edits, key, recipe, rule)
-    _migrate_rewards(edits, keys, recipe)
+            handled.add(name)
+    rules.migrate_rewards(this, edits, keys, recipe)
+    rules.fixed_kl(this, edits, keys, recipe, _processes(recipe, gpus))
+    method = _method(recipe)
+    if method == "maxent":
+        _maxent_beta(edits, keys, recipe)
+    rules.method_keys(this, edits, keys, method, handled | set(MIGRATIONS))
     _add_defaults(edits, keys, recipe)
     _server_mode_renames(edits, keys, recipe)
     return edits.text(), edits.changes
+
+
+def behaviour_differences(changes: list[Change]) -> list[str]:
+    """The changes after which this run trains differently from the source's, one line each."""
+    return [change.text for change in changes if change.differs]
