@@ -1,0 +1,66 @@
+"""What we override or replace inside TRL and transformers is still there, as we read it.
+
+docs/architecture.md "Private methods of TRL and transformers" lists each member, why no public
+hook serves, and the behaviour tests that exercise it. This test fails first, in seconds, when
+an upgrade renames, moves or re-signs one of them: re-read the row, then update EXPECTED.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+trl = pytest.importorskip("trl")
+transformers = pytest.importorskip("transformers")
+
+from trl import GRPOTrainer  # noqa: E402
+from trl.generation import vllm_generation  # noqa: E402
+from trl.trainer import grpo_trainer  # noqa: E402
+
+# The versions the rows were read against (pyproject.toml pins them).
+READ = {"trl": "1.16.0", "transformers": "5.17.0"}
+# member of GRPOTrainer (or its bases) -> its parameters, as our overrides and calls use them
+EXPECTED = {
+    "_save_checkpoint": ["self", "model", "trial"],
+    "_save_optimizer_and_scheduler": ["self", "output_dir"],
+    "_load_optimizer_and_scheduler": ["self", "checkpoint"],
+    "_get_output_dir": ["self", "trial"],
+    "_load_from_checkpoint": ["self", "resume_from_checkpoint", "model"],
+    "_generate": ["self", "prompts"],
+    "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
+    "_generate_and_score_completions": ["self", "inputs"],
+    "_compute_loss": ["self", "model", "inputs"],
+    "_get_train_sampler": ["self", "dataset"],
+}
+
+
+def test_the_versions_read_are_the_ones_installed():
+    assert {"trl": trl.__version__, "transformers": transformers.__version__} == READ
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_member_we_override_or_call_keeps_its_signature(name):
+    params = list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
+    assert params == EXPECTED[name]
+
+
+def test_grpo_trainer_builds_vllm_generation_through_its_module_global():
+    """train/vllm_sync.py swaps `grpo_trainer.VLLMGeneration` while GRPOTrainer.__init__ runs."""
+    assert grpo_trainer.VLLMGeneration is vllm_generation.VLLMGeneration
+    assert "VLLMGeneration(" in inspect.getsource(GRPOTrainer.__init__)
+
+
+def test_vllm_generation_keeps_what_our_subclasses_use():
+    """train/vllm_connect.py defers `_init_vllm`; train/vllm_sync.py calls these."""
+    cls = vllm_generation.VLLMGeneration
+    for name in ("_init_vllm", "sync_weights", "_iter_named_params"):
+        assert callable(getattr(cls, name, None)), name
+    assert "self.vllm_client =" in inspect.getsource(cls._init_vllm)
+
+
+def test_grpo_trainer_keeps_the_metrics_we_read_and_write():
+    """train/adaptive_kl.py reads `_metrics[mode]["kl"]`; vllm_sync and maxent write to it."""
+    source = inspect.getsource(GRPOTrainer)
+    assert 'self._metrics[mode]["kl"]' in source
+    assert "self._metrics = {" in source
