@@ -189,3 +189,22 @@ def test_every_upstream_row_says_where_it_comes_from():
     rows = [m for m in MIGRATIONS.values() if m.origin == ORIGIN]
     assert len(rows) >= 100
     assert all(m.why and not m.why.endswith(".") for m in rows)
+
+
+@pytest.mark.parametrize(
+    ("keys", "method"),
+    [
+        ("objective: maxent_listwise\ntrain_grpo_objective: true\n", "maxent"),
+        ("train_grpo_objective: false\nmaxent_objective_variant: entropy\n", "grpo"),
+        ("train_grpo_objective: false\n", "maxent"),
+        ("objective: something_else\ntrain_grpo_objective: true\n", "grpo"),
+    ],
+)
+def test_upstream_objective_keys_become_one_method_line(keys, method):
+    text, changes = migrate_text(keys + "learning_rate: 1.0e-6\n")
+    data = yaml.safe_load(text)
+    assert data == {"method": method, "learning_rate": 1.0e-6}
+    assert [line for line in text.splitlines() if line.startswith("method:")] == [
+        f"method: {method}"
+    ]
+    assert len(changes) == keys.count("\n")

@@ -209,17 +209,54 @@ def _server_mode_renames(edits: _Edits, keys: dict[str, _Key], recipe: dict[str,
             _rename(edits, keys[old], new, Change(old, False, f"{old} -> {new} ({why})"))
 
 
+_METHOD_KEYS = ("objective", "train_grpo_objective", "maxent_objective_variant")
+
+
+def _converted_method(key: str, value: Any) -> str | None:
+    try:
+        return MIGRATIONS[key].convert(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _method(recipe: dict[str, Any]) -> str:
-    """The recipe's method after migration: its `method:`, else the one a key converts to."""
+    """The recipe's method after migration: its `method:`, else upstream's objective, else
+    train_grpo_objective: true, else maxent_objective_variant, else grpo."""
     if recipe.get("method") in ("grpo", "maxent"):
         return recipe["method"]
-    for key in ("objective", "train_grpo_objective"):
-        if key in recipe:
-            try:
-                return MIGRATIONS[key].convert(recipe[key])
-            except ValueError:
-                continue
-    return "grpo"
+    flag = recipe.get("train_grpo_objective")
+    candidates = (
+        _converted_method("objective", recipe["objective"]) if "objective" in recipe else None,
+        "grpo" if flag is True else None,
+        _converted_method("maxent_objective_variant", recipe["maxent_objective_variant"])
+        if "maxent_objective_variant" in recipe
+        else None,
+        "maxent" if flag is False else None,
+    )
+    return next((m for m in candidates if m), "grpo")
+
+
+def _set_method(edits: _Edits, keys: dict[str, _Key], recipe: dict[str, Any]) -> set[str]:
+    """Upstream's objective keys -> one `method:` line (at the first of them)."""
+    present = [k for k in _METHOD_KEYS if k in keys]
+    if not present or "method" in keys:
+        return set()
+    method = _method(recipe)
+    valid = [k for k in present if _converted_method(k, recipe[k]) is not None]
+    for key in present:
+        m, value = MIGRATIONS[key], recipe[key]
+        why = f"{m.origin}: {m.why}"
+        differs = _differs(m, value)
+        if _converted_method(key, value) is None:
+            text = f"{key}: {_yaml(value)} has no counterpart ({why})"
+            edits.comment_out(keys[key], Change(key, True, text, differs))
+        elif key == valid[0]:
+            text = f"{key}: {_yaml(value)} -> method: {method} ({why})"
+            _set_value(edits, keys[key], method, Change(key, False, text, differs), "method")
+        else:
+            text = f"{key}: {_yaml(value)}, read with {valid[0]} as method: {method} ({why})"
+            edits.comment_out(keys[key], Change(key, False, text, differs))
+    return set(present)
 
 
 def _maxent_beta(edits: _Edits, keys: dict[str, _Key], recipe: dict[str, Any]) -> None:
@@ -260,7 +297,7 @@ def migrate_text(
     keys = {k.name: k for k in _top_level_keys(text, source)}
     recipe = yaml.safe_load(text) or {}
     edits = _Edits(text.splitlines())
-    handled = rules.fold_evaluation(this, edits, keys, recipe)
+    handled = rules.fold_evaluation(this, edits, keys, recipe) | _set_method(edits, keys, recipe)
     present = set(keys)
     for name, key in keys.items():
         if name in MIGRATIONS and name not in handled:

@@ -77,6 +77,23 @@ def _method_of_flag(value: Any) -> str:
     return "grpo" if value is True else "maxent"
 
 
+def _method_of_variant(value: Any) -> str:
+    """maxent_objective_variant -> method: listwise weights are method maxent; the entropy
+    loss is not part of this toolkit (method grpo)."""
+    name = str(value).strip().lower()
+    if name not in ("listwise", "entropy"):
+        raise ValueError(f"maxent_objective_variant {value!r} is neither listwise nor entropy")
+    return "maxent" if name == "listwise" else "grpo"
+
+
+def _mixup_alpha(value: Any) -> float:
+    """maxent_reference_ema_beta (the old reference's share) -> TRL's ref_model_mixup_alpha
+    (the policy's share)."""
+    if not _number(value) or not 0 <= value < 1:
+        raise ValueError(f"an EMA beta of {value!r} is not in [0, 1)")
+    return round(1 - value, 12)
+
+
 def _dataset_config(value: Any) -> Any:
     """Older open-r1's dataset_configs (a list) -> dataset_config (one name)."""
     configs = value if isinstance(value, list) else [value]
@@ -161,9 +178,43 @@ UPSTREAM = (
     (
         "train_grpo_objective",
         "convert",
-        "true: plain GRPO (method grpo); false: MaxEnt weights (method maxent)",
+        "true: plain GRPO (method grpo); false: MaxEnt weights (method maxent; newer upstream "
+        "with maxent_objective_variant: entropy trained an entropy loss, not part of this toolkit)",
         "method",
         _method_of_flag,
+        None,
+    ),
+    (
+        "maxent_objective_variant",
+        "convert",
+        "listwise weights are method maxent; upstream's entropy-regularized loss is not part of "
+        "this toolkit, so entropy trains GRPO",
+        "method",
+        _method_of_variant,
+        lambda v: str(v).strip().lower() == "entropy",
+    ),
+    (
+        "maxent_reference_ema_enabled",
+        "rename",
+        "upstream moved the reference towards the policy (an EMA); TRL's sync_ref_model does",
+        "sync_ref_model",
+        None,
+        None,
+    ),
+    (
+        "maxent_reference_ema_beta",
+        "convert",
+        "the old reference's share; TRL's ref_model_mixup_alpha is the policy's (1 - beta)",
+        "ref_model_mixup_alpha",
+        _mixup_alpha,
+        None,
+    ),
+    (
+        "maxent_reference_ema_update_interval",
+        "rename",
+        "steps between reference updates",
+        "ref_model_sync_steps",
+        None,
         None,
     ),
     (
@@ -401,6 +452,51 @@ UPSTREAM = (
         None,
         None,
         _set,
+    ),
+    (
+        "maxent_reference_ema_warmup_steps",
+        "remove",
+        "upstream kept the reference fixed during a warm-up; TRL's sync_ref_model mixes from the "
+        "first ref_model_sync_steps",
+        None,
+        None,
+        _nonzero,
+    ),
+    *(
+        (
+            key,
+            "remove",
+            "upstream adapted maxent_alpha to the KL; its entropy term is not part of this toolkit",
+            None,
+            None,
+            _true,
+        )
+        for key in (
+            "maxent_alpha_lower_on_high_kl",
+            "maxent_alpha_raise_on_low_kl",
+            "maxent_alpha_disable_outside_trust_zone",
+        )
+    ),
+    *(
+        (
+            key,
+            "remove",
+            "switched upstream's beta controller; here beta adapts whenever kl_target and "
+            "kl_horizon are set",
+            None,
+            None,
+            None,
+        )
+        for key in ("grpo_beta_controller_enabled", "maxent_beta_controller_enabled")
+    ),
+    (
+        "truncate_completions_at_first_boxed_answer",
+        "remove",
+        "upstream cut each completion after its first \\boxed{} answer; here completions are "
+        "scored whole",
+        None,
+        None,
+        _true,
     ),
     ("controller_meta_enabled", "remove", _META, None, None, _true),
     *(
