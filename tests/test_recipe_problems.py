@@ -109,6 +109,8 @@ def test_every_problem_of_a_maxent_section(tmp_path):
 # ---- item 4: the evaluation batch for the planned processes; the vllm_mode hint --------------
 
 EVAL_7_PLUS_1 = dict(
+    dataset_name="AI-MO/NuminaMath-TIR",  # evaluation needs a test split (the built-ins have none)
+    dataset_test_split="test",
     do_eval=True,
     eval_strategy="steps",
     eval_steps=10,
@@ -135,6 +137,20 @@ def test_eval_batch_is_checked_for_the_planned_processes(tmp_path):
         for line in found
     ), found
     assert not any("The global eval batch size" in line for line in found), found
+
+
+def test_eval_batch_rule_applies_only_when_evaluation_runs(tmp_path):
+    without_test_split = {
+        **EVAL_7_PLUS_1,
+        "dataset_name": None,
+        "dataset_test_split": None,
+        "per_device_train_batch_size": 7,  # the training batch fits 8 processes
+    }
+    (line,) = problems_of(["--config", recipe(tmp_path, **without_test_split)], world_size=8)
+    assert "the trainer evaluates the data's test split and this recipe has none" in line
+    # off, the evaluation batch (2 x 8 = 16, not a multiple of 14) is not checked
+    off = {**EVAL_7_PLUS_1, "eval_strategy": "no", "per_device_train_batch_size": 7}
+    parse_recipe(["--config", recipe(tmp_path, **off)], world_size=8)
 
 
 @pytest.mark.parametrize("mode, hint", [("colocate", True), ("server", False), (None, True)])

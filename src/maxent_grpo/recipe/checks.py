@@ -112,9 +112,23 @@ def server_mode_hint(values: dict[str, Any]) -> str:
     return ""
 
 
-def _evaluating(values: dict[str, Any]) -> bool:
+def _evaluation_asked(values: dict[str, Any]) -> bool:
     strategy = values.get("eval_strategy") or "no"
     return str(getattr(strategy, "value", strategy)) != "no"
+
+
+def _has_test_split(values: dict[str, Any]) -> bool:
+    """The trainer evaluates the `test` split of the recipe's data (train/entry.py): a named
+    dataset_test_split, or a mixture's test_split_size."""
+    mixture = values.get("dataset_mixture")
+    size = mixture.get("test_split_size") if isinstance(mixture, dict) else None
+    size = getattr(mixture, "test_split_size", size)
+    return values.get("dataset_test_split") is not None or bool(size)
+
+
+def _evaluating(values: dict[str, Any]) -> bool:
+    """TRL's evaluation runs: asked for (eval_strategy) and with data to evaluate."""
+    return _evaluation_asked(values) and _has_test_split(values)
 
 
 _BATCH_KEYS = (
@@ -160,6 +174,13 @@ def batch_for_processes(values: dict[str, Any], world_size: int) -> tuple[dict[s
         if not skip_batch:
             with problems.check():
                 check_batch_arithmetic(batch, world_size, steps, values["num_generations"], hint)
+        if _evaluation_asked(values) and not _has_test_split(values):
+            problems.add(
+                f"eval_strategy: {values['eval_strategy']}: the trainer evaluates the data's "
+                "test split and this recipe has none; set dataset_test_split (a hub dataset's "
+                "split) or a dataset_mixture test_split_size, or eval_strategy: 'no' (benchmarks "
+                "score checkpoints without it)"
+            )
         if _evaluating(values) and not problems.failed(*_EVAL_BATCH_KEYS):
             group = values.get("num_generations_eval") or values["num_generations"]
             with problems.check():
