@@ -8,11 +8,13 @@ listed. What to do with each key comes from the one table, recipe/migrations.py.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
+from maxent_grpo.recipe import migrate_rules as rules
 from maxent_grpo.recipe.keys import ConfigError
 from maxent_grpo.recipe.migrations import (
     DEFAULT_CHANGES,
@@ -289,10 +291,6 @@ def migrate_text(
     gpus: the GPUs of the planned node, which size the translation of upstream's kl_horizon
     (optimizer steps) into completions; None: per training process.
     """
-    import sys
-
-    from maxent_grpo.recipe import migrate_rules as rules
-
     this = sys.modules[__name__]
     keys = {k.name: k for k in _top_level_keys(text, source)}
     recipe = yaml.safe_load(text) or {}

@@ -15,6 +15,7 @@ from maxent_grpo.recipe.migrations import (
     UPSTREAM_BOXED_PENALTY,
     UPSTREAM_REWARDS,
 )
+from maxent_grpo.recipe.schema import method_keys as keys_of
 from maxent_grpo.recipe.upstream_keys import ORIGIN
 
 _EVAL_KEYS = (
@@ -232,8 +233,6 @@ def fixed_kl(m: Any, edits: Any, keys: dict, recipe: dict[str, Any], processes: 
 
 def method_keys(m: Any, edits: Any, keys: dict, method: str, handled: set[str]) -> None:
     """Keys of the other method (upstream declared every key for every trainer)."""
-    from maxent_grpo.recipe.schema import method_keys as keys_of
-
     accepted = set(keys_of(method))
     other = {name for other in ("grpo", "maxent") for name in keys_of(other)} - accepted
     for name, key in keys.items():
