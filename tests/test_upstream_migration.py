@@ -208,3 +208,29 @@ def test_upstream_objective_keys_become_one_method_line(keys, method):
         f"method: {method}"
     ]
     assert len(changes) == keys.count("\n")
+
+
+def test_check_for_gpus_on_a_machine_without_them_notes_what_the_job_installs(
+    workdir, monkeypatch, capsys
+):
+    """Issue 27 item 4: `check --gpus 8` on a login node (no GPU, no vLLM) checks the recipe
+    and names the packages the job's environment installs; without --gpus it stays strict."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    recipe = workdir / "r.yaml"
+    recipe.write_text(
+        "model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct\ndataset_name: org/data\n"
+        "use_vllm: true\nvllm_mode: server\nnum_generations: 7\n"
+        "per_device_train_batch_size: 7\noutput_dir: out\n"
+    )
+    code, out, err = run_cli(capsys, "check", "--config", str(recipe), "--gpus", "8")
+    assert code == 0, out + err
+    assert f"note: {recipe}: this machine lacks vllm (vllm_mode: server)" in out
+    assert "the job's environment installs it" in out
+    code, out, err = run_cli(capsys, "check", "--config", str(recipe))
+    assert code == 2 and "lacks; install it with" in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from maxent_grpo.errors import EXIT_USER_ERROR, UserError, error_report
 from maxent_grpo.evaluate.command import main as evaluate_main
 from maxent_grpo.launch.attempt import run_attempt
 from maxent_grpo.launch.launcher import RunRequest, prepare
+from maxent_grpo.launch.plan import parse_visible_devices
+from maxent_grpo.launch.requirements import checked_elsewhere, job_installs
 from maxent_grpo.launch.sbatch import (
     planned_environment,
     sbatch_command,
@@ -276,10 +279,14 @@ def _run(args) -> int:
 def _check(request, environment) -> str:
     """`check`: the verdict on a recipe, with every problem at once (a ConfigProblems)."""
     # full: the trainers' checks too (TRL's own included), which the launcher leaves to them.
+    visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    elsewhere = environment is not None and checked_elsewhere(len(environment.gpus), visible)
     with collecting(request.recipe):
-        prepared = prepare(request, environment=environment, full=True)
+        prepared = prepare(request, environment=environment, full=True, packages=not elsewhere)
     plan = prepared.plan
     notes = [f"note: {note}" for note in prepared.keys.notes]
+    if elsewhere and (installs := job_installs(request.recipe, prepared.keys.values)):
+        notes.append(f"note: {installs}")
     return "\n".join(
         [
             *notes,

@@ -45,6 +45,30 @@ def check_installed(
         )
 
 
+def checked_elsewhere(planned_gpus: int, visible_gpus: Sequence[str]) -> bool:
+    """`check` of a GPU job (`--gpus N`) on a machine that sees no GPU (a login node): the job's
+    node installs the packages, so this machine's are not checked (`job_installs` says which).
+    `run` on the job's node, `sbatch` and `submit` stay strict (check_installed)."""
+    return planned_gpus > 0 and not visible_gpus
+
+
+def job_installs(
+    path: str, values: Mapping[str, Any], find_spec: Callable[[str], Any] | None = None
+) -> str | None:
+    """The packages the recipe needs that this machine lacks, as a note for `check` on a login
+    node (checked_elsewhere); the job installs them (training.sh runs scripts/setup_env.sh,
+    which asks `extras_to_install` on the GPU node). None: nothing lacks."""
+    lacking = missing(recipe_needs(values), find_spec)
+    if not lacking:
+        return None
+    names = list(dict.fromkeys(f"{need.module} ({need.reason})" for need in lacking))
+    them = "them" if len(names) > 1 else "it"
+    return (
+        f"{path}: this machine lacks {', '.join(names)}; not checked here: the job's environment "
+        f"installs {them} (training.sh runs scripts/setup_env.sh on the GPU node)"
+    )
+
+
 def extras_to_install(values: Mapping[str, Any], gpu: bool) -> list[str]:
     """The extras scripts/setup_env.sh installs for a recipe on this machine.
 
