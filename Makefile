@@ -3,7 +3,7 @@ BIN = $(shell bash scripts/setup_env.sh | tail -n 1)
 # --durations: each suite prints its slowest tests, to see where CI time goes.
 PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest --durations=15
 
-.PHONY: install test test-unit test-slurm test-fresh-clone test-multinode test-vllm test-gpu-kit lint format docs bench smoke clean
+.PHONY: install test test-unit test-slurm test-fresh-clone test-multinode test-vllm test-gpu-kit test-redteam lint format docs bench smoke clean
 
 install:
 	bash scripts/setup_env.sh
@@ -45,6 +45,10 @@ test-vllm:
 # between GPU loans: scripts/gpu_kit.sh run --cpu, its table and JSON checked.
 test-gpu-kit:
 	MAXENT_GRPO_GPU_KIT_TESTS=1 $(PYTEST) -m gpukit -q tests/test_gpu_kit.py
+
+# Hostile programs against the code rewards' sandbox (needs bubblewrap; about 10 s).
+test-redteam:
+	MAXENT_GRPO_REDTEAM_TESTS=1 $(PYTEST) -m redteam -q tests/test_code_rewards_redteam.py
 
 lint:
 	$(BIN)/ruff check src tests bench

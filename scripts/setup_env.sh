@@ -32,6 +32,8 @@ NODE=--cpu
 if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
     NODE=--gpu
 fi
+# The code rewards' sandbox needs bubblewrap (docs/code-rewards.md); nothing else does.
+command -v bwrap >/dev/null || echo "note: code rewards (code, binary_code, python_unit_tests) need bubblewrap: apt-get install bubblewrap" >&2
 
 # The extras the recipe (if any) needs on this node, comma-separated; fails when the package
 # is not importable yet.

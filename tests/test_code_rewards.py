@@ -10,10 +10,12 @@ import time
 
 import pytest
 
-from maxent_grpo.rewards import RewardError, get_reward_funcs
-from maxent_grpo.rewards.sandbox import Limits, namespace_wrapper, run_command, run_python
+from maxent_grpo.rewards import RewardError, get_reward_funcs, sandbox
+from maxent_grpo.rewards.sandbox import Limits, run_command, run_python
+from maxent_grpo.rewards.weak_sandbox import namespace_wrapper
 
 FAST = Limits(wall_seconds=3)
+WEAK = Limits(wall_seconds=3, isolation="weak")
 ADD = {
     "language": "python",
     "test_cases": [{"input": "2 3", "output": "5"}, {"input": "1 1", "output": "2\n"}],
@@ -120,7 +122,7 @@ def test_parallel_runs_are_bounded_and_faster():
     assert 1.0 <= timings[2] < timings[1] - 0.5  # two at a time, never four
 
 
-# ---- the sandbox: one test per limit ---------------------------------------------------------
+# ---- the sandbox: one test per limit (bwrap, the default; the weak mode where it differs) ------
 
 
 def test_a_plain_program_reads_stdin_and_writes_stdout():
@@ -153,35 +155,31 @@ def test_file_size_limit_stops_a_huge_file_and_endless_output():
     assert big.status == "error" and "File too large" in big.stderr
     spam = run_python("while True:\n    print('x' * 1000)", "", FAST)
     assert spam.status == "error" and len(spam.stdout) <= FAST.output_chars
+    assert "stdout over" in spam.stderr and spam.seconds < FAST.wall_seconds
 
 
-def test_fork_bomb_and_subprocesses_are_refused():
-    result = run_python("import os\nwhile True:\n    os.fork()", "", FAST)
-    assert result.status == "error" and "os.fork is not allowed" in result.stderr
+def test_fork_bomb_subprocesses_and_threads_are_refused():
+    # The seccomp filter answers EPERM to clone, fork and vfork: no process, no thread.
+    fork = run_python("import os\nwhile True:\n    os.fork()", "", FAST)
+    assert fork.status == "error" and "Operation not permitted" in fork.stderr
     other = run_python("import subprocess\nsubprocess.run(['sleep', '30'])", "", FAST)
-    assert other.status == "error" and "not allowed" in other.stderr
-
-
-def test_processes_and_threads_are_limited_by_rlimit_nproc():
-    # The kernel enforces it for every user but root (for root, the audit hook and the PID
-    # namespace above do); the program sees the limit either way.
-    source = "import resource\nprint(resource.getrlimit(resource.RLIMIT_NPROC))"
-    assert run_python(source, "", FAST).stdout.strip() == "(0, 0)"
-    raise_it = "import resource\nresource.setrlimit(resource.RLIMIT_NPROC, (100, 100))"
-    assert "not allowed" in error_line(run_python(raise_it, "", FAST))
+    assert other.status == "error" and other.seconds < 3
+    thread = run_python("import threading\nthreading.Thread(target=print).start()", "", FAST)
+    assert thread.status == "error" and "can't start new thread" in thread.stderr
 
 
 def test_the_process_group_is_killed_with_the_program(tmp_path):
-    # Without the Python layers: the group kill alone ends what a program left behind.
+    # Without the sandbox: the group kill alone ends what a program left behind.
     script = "sleep 30 & echo $! > pids; sleep 30 & echo $! >> pids; wait"
-    result = run_command(["sh", "-c", script], "", Limits(wall_seconds=1), tmp_path)
+    result = run_command(["sh", "-c", script], b"", Limits(wall_seconds=1), cwd=str(tmp_path))
     assert result.status == "timeout"
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
     time.sleep(0.2)
     assert len(pids) == 2 and not any(alive(pid) for pid in pids)
 
 
-def test_writes_outside_the_sandbox_directory_are_refused(tmp_path):
+@pytest.mark.parametrize("limits", [FAST, WEAK], ids=["bwrap", "weak"])
+def test_writes_outside_the_sandbox_directory_fail(tmp_path, limits):
     target = tmp_path / "trainer_file.txt"
     target.write_text("precious")
     attempts = [
@@ -191,57 +189,102 @@ def test_writes_outside_the_sandbox_directory_are_refused(tmp_path):
         f"import os\nos.rename({str(target)!r}, 'stolen')",
         f"import os\nos.symlink({str(target)!r}, 'link')\nopen('link', 'w').write('pwned')",
         f"import os\nfd = os.open({str(target)!r}, os.O_WRONLY)",
-        f"import os\nfd = os.open({str(tmp_path)!r}, os.O_RDONLY)",  # a dir_fd outside
+        f"open({sys.base_prefix + '/pwned'!r}, 'w')",  # the interpreter's own installation
         "import shutil\nshutil.rmtree('/tmp')",
     ]
     for source in attempts:
-        result = run_python(source, "", FAST)
-        assert result.status == "error" and "not allowed" in result.stderr, source
+        result = run_python(source, "", limits)
+        assert result.status == "error", source
     assert target.read_text() == "precious"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trainer_file.txt"]
     inside = run_python("open('out.txt', 'w').write('fine')\nprint(open('out.txt').read())")
     assert inside.ok and inside.stdout == "fine\n"
 
 
-def test_the_sandbox_directory_is_temporary():
-    result = run_python("import os\nprint(os.getcwd())", "", FAST)
-    workdir = result.stdout.strip()
-    assert result.ok and "maxent-sandbox-" in workdir and not os.path.exists(workdir)
+def test_the_working_directory_is_private_and_temporary():
+    bwrap = run_python("import os\nprint(os.getcwd(), sorted(os.listdir('/')))", "", FAST)
+    assert bwrap.ok and bwrap.stdout.split(" ", 1)[0] == "/box"
+    weak = run_python("import os\nprint(os.getcwd())", "", WEAK)
+    workdir = weak.stdout.strip()
+    assert weak.ok and "maxent-sandbox-" in workdir and not os.path.exists(workdir)
 
 
-def test_network_connections_are_refused():
+@pytest.mark.parametrize("limits", [FAST, WEAK], ids=["bwrap", "weak"])
+def test_network_connections_fail(limits):
     source = (
         "import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('1.1.1.1', 80))\n"
         "print('connected')"
     )
-    result = run_python(source, "", FAST)
+    result = run_python(source, "", limits)
     assert result.status == "error" and "connected" not in result.stdout
-    assert "socket.connect is not allowed" in result.stderr
 
 
 @pytest.mark.skipif(not namespace_wrapper(), reason="unshare is not allowed on this machine")
-def test_network_namespace_has_no_route_even_without_the_audit_hook(tmp_path):
+def test_weak_network_namespace_has_no_route_even_without_the_audit_hook(tmp_path):
     probe = (
         "import socket\ns = socket.socket()\ns.settimeout(2)\n"
         "try:\n    s.connect(('1.1.1.1', 80))\n    print('connected')\n"
         "except OSError as e:\n    print('refused', e.errno)"
     )
     argv = [*namespace_wrapper(), sys.executable, "-I", "-c", probe]
-    result = run_command(argv, "", FAST, tmp_path)
+    result = run_command(argv, b"", FAST, cwd=str(tmp_path))
     assert result.ok and result.stdout.startswith("refused"), result.stdout + result.stderr
 
 
-def test_the_environment_is_scrubbed(monkeypatch):
+@pytest.mark.parametrize("limits", [FAST, WEAK], ids=["bwrap", "weak"])
+def test_the_environment_is_scrubbed(monkeypatch, limits):
     monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
-    result = run_python("import os, sys\nprint(sorted(os.environ))\nprint(sys.path[0])", "", FAST)
+    source = "import os, sys\nprint(sorted(os.environ))\nprint(sys.path[0])"
+    result = run_python(source, "", limits)
     names = result.stdout.splitlines()[0]
-    assert result.ok and names == str(["HOME", "LANG", "PATH", "TMPDIR"])
+    pwd = ["PWD"] if limits.isolation == "bwrap" else []  # bwrap's --chdir sets it: /box
+    assert result.ok and names == str(["HOME", "LANG", "PATH", *pwd, "TMPDIR"])
     assert "/somewhere" not in result.stdout and "hf_secret" not in result.stdout
 
 
-def test_signals_to_other_processes_and_ctypes_are_refused():
+def test_other_processes_are_out_of_reach():
+    # Its own PID namespace: the trainer's pid does not exist there (or is another process).
     kill = run_python(f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)", "", FAST)
+    assert kill.status == "error" and alive(os.getpid())
+    ps = run_python("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+    assert ps.ok and ps.stdout.strip() in ("[1]", "[1, 2]")
+
+
+def test_weak_mode_audit_hook_refuses_signals_and_ctypes():
+    kill = run_python(f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)", "", WEAK)
     assert kill.status == "error" and "os.kill is not allowed" in kill.stderr
-    ctypes = run_python("import ctypes\nctypes.CDLL(None)", "", FAST)
+    ctypes = run_python("import ctypes\nctypes.CDLL(None)", "", WEAK)
     assert ctypes.status == "error" and "not allowed" in ctypes.stderr
+
+
+# ---- where bwrap cannot run ------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch):
+    real_which = sandbox.shutil.which
+    monkeypatch.setattr(sandbox.shutil, "which", lambda n: None if n == "bwrap" else real_which(n))
+    sandbox.isolation_problem.cache_clear()
+    yield
+    sandbox.isolation_problem.cache_clear()
+
+
+def test_code_rewards_refuse_to_start_without_bwrap_in_one_line(no_bwrap):
+    for name in ("code", "binary_code", "python_unit_tests"):
+        with pytest.raises(RewardError) as err:
+            get_reward_funcs([name])
+        message = str(err.value)
+        assert "bubblewrap (bwrap) is not installed" in message and "code_sandbox: weak" in message
+        assert "\n" not in message
+    assert get_reward_funcs(["code_format"])  # runs nothing: needs no sandbox
+
+
+def test_weak_mode_is_explicit_and_logged(no_bwrap, caplog):
+    sandbox._warn_weak.cache_clear()
+    with caplog.at_level("WARNING", logger="maxent_grpo.rewards"):
+        (code,) = get_reward_funcs(["code"], code_sandbox="weak")
+    assert "code_sandbox: weak" in caplog.text and code.limits.isolation == "weak"
+    assert code([fenced("print(sum(map(int, input().split())))")], verification_info=[ADD]) == [1.0]
+    with pytest.raises(RewardError, match="code_sandbox must be one of bwrap, weak"):
+        get_reward_funcs(["code"], code_sandbox="none")

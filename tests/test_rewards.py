@@ -321,6 +321,7 @@ def test_reward_settings_defaults():
         "parallel_code_exec_per_proc": 2,
         "code_timeout_seconds": 5.0,
         "code_memory_mb": 1024,
+        "code_sandbox": "bwrap",
     }
 
 

@@ -169,6 +169,16 @@ class ScriptArguments:
         default=1024,
         metadata={"help": "Address-space limit (MiB) of one sandboxed program run (code rewards)."},
     )
+    code_sandbox: str = field(
+        default="bwrap",
+        metadata={
+            "help": "Isolation of the code rewards' programs: 'bwrap' (namespaces, an "
+            "unprivileged uid, seccomp; refused in one line where bubblewrap cannot run) or "
+            "'weak' (an audit hook inside the interpreter, which a determined program escapes; "
+            "docs/code-rewards.md).",
+            "choices": ["bwrap", "weak"],
+        },
+    )
     # Evaluation (maxent_grpo.evaluate, docs/evaluation.md).
     benchmarks: list[str] | None = field(
         default=None,
@@ -250,6 +260,7 @@ _PASSED_SETTINGS = (
     "parallel_code_exec_per_proc",
     "code_timeout_seconds",
     "code_memory_mb",
+    "code_sandbox",
 )
 
 

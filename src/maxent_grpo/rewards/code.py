@@ -21,6 +21,7 @@ from typing import Any
 # Rewards that need a judge this toolkit does not have: declared with the migrations (recipe/,
 # the lower layer), which `maxent-grpo migrate` reads too.
 from maxent_grpo.recipe.migrations import JUDGED_REWARDS
+from maxent_grpo.rewards import unit_tests
 from maxent_grpo.rewards.common import RewardError, column, contents, references
 from maxent_grpo.rewards.sandbox import Limits, run_python
 
@@ -201,9 +202,11 @@ class UnitTests:
     ``dataset_answer_column``): Python source such as ``assert`` lines, or a list of them
     (MBPP's ``test_list``). When the tests define ``check(candidate)`` (HumanEval) and the
     row has an ``entry_point`` column, ``check(<entry_point>)`` is appended. The completion's
-    last Markdown code block tagged ``python``, then the tests, run as one program in the sandbox
-    (settings as for ``code``): exit 0 within the limits scores 1.0, anything else 0.0; no
-    code block scores 0.0 and a missing reference None.
+    last Markdown code block tagged ``python`` runs in the sandbox (settings as for ``code``),
+    then the tests, one top-level statement at a time, reporting each ``assert``'s operands
+    over a pipe (``maxent_grpo.rewards.unit_tests``): 1.0 when every statement ran to its
+    end, every assert holds when compared in the trainer on plain data, and the run exits 0
+    within the limits; anything else 0.0. No code block scores 0.0, a missing reference None.
 
     Example: with solution ``"assert add(2, 3) == 5"``, a completion whose block is
     ``def add(a, b):\\n    return a + b`` scores 1.0 and one returning ``a - b`` 0.0.
@@ -218,12 +221,14 @@ class UnitTests:
     def __repr__(self) -> str:
         return f"UnitTests(limits={self.limits}, workers={self.workers})"
 
-    def _program(self, code: str, tests: Any, entry_point: Any) -> str:
-        source = _unit_test_source(tests)
-        program = f"{code}\n\n{source}\n"
-        if entry_point and re.search(r"^def check\(", source, re.MULTILINE):
-            program += f"\ncheck({entry_point})\n"
-        return program
+    def _passes(self, code: str, tests: Any, entry_point: Any) -> bool:
+        try:
+            statements = unit_tests.prepare(_unit_test_source(tests), entry_point)
+        except SyntaxError as err:
+            raise RewardError(f"python_unit_tests: the row's tests do not parse ({err})") from err
+        nonce, message = unit_tests.control(statements)
+        result = run_python(code, "", self.limits, runner=unit_tests.RUNNER, control=message)
+        return result.ok and unit_tests.verdict(result.channel, nonce, len(statements))
 
     def __call__(
         self,
@@ -241,9 +246,8 @@ class UnitTests:
             code = None if tests is None else extract_code(text)
             scores.append(None if tests is None else 0.0)
             if code is not None:
-                program = self._program(code, tests, entry)
                 owners.append(i)
-                jobs.append(lambda p=program: run_python(p, "", self.limits).ok)
+                jobs.append(lambda c=code, t=tests, e=entry: self._passes(c, t, e))
         for owner, ok in zip(owners, _run_all(jobs, self.workers), strict=True):
             scores[owner] = float(ok)
         return scores

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from maxent_grpo.rewards import builtin, code
+from maxent_grpo.rewards import builtin, code, sandbox
 from maxent_grpo.rewards.common import RewardError, RewardFunc
 from maxent_grpo.rewards.sandbox import Limits
 
@@ -85,6 +85,7 @@ _SETTINGS: dict[str, tuple[Any, Callable[[str, Any], Any]]] = {
     "parallel_code_exec_per_proc": (2, _int_at_least(1)),
     "code_timeout_seconds": (5.0, _positive),
     "code_memory_mb": (1024, _int_at_least(64)),
+    "code_sandbox": ("bwrap", _one_of(*sandbox.ISOLATIONS)),
 }
 
 #: Settings understood by the parametrised built-in rewards, with their defaults.
@@ -106,8 +107,11 @@ def _sandbox(settings: Mapping[str, Any]) -> tuple[Limits, int]:
     """Limits and parallel runs of the rewards that execute code; remote providers refused."""
     code.refuse_provider(settings["code_provider"])
     limits = Limits(
-        wall_seconds=settings["code_timeout_seconds"], memory_mb=settings["code_memory_mb"]
+        wall_seconds=settings["code_timeout_seconds"],
+        memory_mb=settings["code_memory_mb"],
+        isolation=settings["code_sandbox"],
     )
+    sandbox.require(limits.isolation)  # one line naming what is missing, or the weak mode's log
     return limits, settings["parallel_code_exec_per_proc"]
 
 

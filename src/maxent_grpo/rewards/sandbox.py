@@ -1,25 +1,25 @@
-"""Run a model's Python program locally, so that a hostile or broken one cannot hurt the trainer.
+"""Run a model's Python program so that it can neither hurt the trainer nor see its data.
 
-Each run gets, in layers (a layer the machine does not allow is skipped, the others remain):
+Isolation is the operating system's (``isolation: "bwrap"``, the default): each run is one
+bubblewrap (``bwrap``) sandbox with
 
-- a fresh temporary directory as working directory, HOME and TMPDIR, removed afterwards;
-- ``python -I -B`` (isolated mode: no PYTHON* variables, no user site, no script directory on
-  ``sys.path``) with a scrubbed environment (PATH, LANG, HOME, TMPDIR only);
-- resource limits set in the child before exec (``resource.setrlimit``): CPU seconds
-  (RLIMIT_CPU), address space (RLIMIT_AS), size of any file written, stdout included
-  (RLIMIT_FSIZE), no core files; RLIMIT_NPROC 0 (no new process or thread; the kernel does not
-  enforce it for root, where the audit hook and the PID namespace below do the job);
-- its own session and process group, killed as a whole (SIGKILL) at the wall-clock limit and
-  after every run, so nothing it started survives it;
-- where ``unshare`` works (root, or unprivileged user namespaces): a new network namespace (no
-  interface but a down loopback: no connection can be made) and a new PID namespace (the
-  program sees no other process, and everything in it dies with it);
-- an audit hook (PEP 578), installed before the program runs, that refuses process creation,
-  signals to other processes, network connections, ctypes, raising resource limits, and any
-  write, rename, removal or link outside the working directory.
+- its own user, mount, PID, network, IPC, UTS and cgroup namespaces; inside, the program is uid
+  and gid 65534 with no capability, ``no_new_privs`` set and nested user namespaces disabled;
+- a new root holding only the Python installation and the system libraries, read-only, its own
+  ``/proc`` (only its own processes) and a minimal ``/dev``; the working directory ``/box`` is a
+  tmpfs capped at ``Limits.disk_mb``: nothing of the trainer's files, environment or processes;
+- a seccomp filter (x86-64) refusing new processes and threads, ptrace, mount, namespace and
+  keyring calls, BPF, perf and io_uring;
+- rlimits set before exec (CPU, address space, file size, no core files), ``--die-with-parent``
+  and its own session, killed as a whole at the wall-clock limit;
+- no descriptor of the trainer but stdin (a memory file), stdout and stderr (pipes that this
+  process reads itself, bounded and with a deadline) and, for the unit-test runner, its two
+  channels.
 
-The audit hook works inside Python only: it stops accidents and ordinary hostile code, not a
-determined attacker with a C-level escape; run untrusted code at scale in a container.
+Where bwrap is missing or user namespaces are refused, :func:`require` refuses the code rewards
+in one line unless the recipe opts into ``code_sandbox: weak``
+(:mod:`maxent_grpo.rewards.weak_sandbox`: an audit hook inside the interpreter, which a
+determined program escapes).
 """
 
 from __future__ import annotations
@@ -28,9 +28,13 @@ import functools
 import logging
 import math
 import os
+import platform
 import resource
+import selectors
 import shutil
 import signal
+import site
+import struct
 import subprocess
 import sys
 import tempfile
@@ -38,73 +42,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from maxent_grpo.rewards.common import RewardError
+from maxent_grpo.rewards.weak_sandbox import weak_argv
+
 logger = logging.getLogger("maxent_grpo.rewards")
 
 #: Environment of the sandboxed program (nothing of the trainer's, no tokens).
-_ENV_KEEP = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+_ENV_KEEP = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+ISOLATIONS = ("bwrap", "weak")
+_BOX = "/box"  # the program's working directory inside the bwrap sandbox
+_SANDBOX_ID = "65534"  # uid and gid of the program inside its user namespace ("nobody")
 
-# The namespace wrappers tried in order; the first that runs `true` is used.
-_NAMESPACE_WRAPPERS = (
-    ["unshare", "--net", "--pid", "--fork", "--kill-child", "--"],
-    ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--"],
-)
-
-# Installed by `python -c` before the program runs: argv[1] is the sandbox directory, argv[2]
-# the program file. Every name the hook uses is bound at install time, so that the program
-# cannot rebind it. Kept in one string: it runs in the child, not in this process.
-_BOOTSTRAP = r"""
-import os, resource, sys
-
-def _install(root, realpath=os.path.realpath, isdir=os.path.isdir, fspath=os.fspath,
-             write_flags=os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC):
-    root = realpath(root)
-    denied = frozenset((
-        "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-        "os.kill", "os.killpg", "signal.pthread_kill", "subprocess.Popen",
-        "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg",
-        "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function",
-        "resource.setrlimit", "resource.prlimit", "os.chroot", "os.setxattr",
-        "os.removexattr", "os.chflags", "os.lchflags", "os.mknod", "os.mkfifo",
-    ))
-    path_events = {"os.remove": (0,), "os.rename": (0, 1), "os.rmdir": (0,), "os.mkdir": (0,),
-                   "os.symlink": (1,), "os.link": (0, 1), "os.truncate": (0,),
-                   "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,)}
-    blocked_imports = frozenset(("_posixsubprocess", "_ctypes", "ctypes"))
-
-    def inside(path):
-        if isinstance(path, int):
-            return True  # an already open descriptor: only 0, 1 and 2 are inherited
-        full = realpath(fspath(path))
-        return full == root or full.startswith(root + "/") or full == "/dev/null"
-
-    def hook(event, args):
-        if event in denied:
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "import" and args[0] in blocked_imports:
-            raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
-        if event == "open":
-            path, flags = args[0], args[2]
-            writes = bool(flags & write_flags)
-            if not inside(path) and (writes or (not isinstance(path, int) and isdir(path))):
-                raise PermissionError(f"sandbox: writing {path!r} is not allowed")
-        elif event in path_events:
-            for i in path_events[event]:
-                if not inside(args[i]):
-                    raise PermissionError(f"sandbox: {event} on {args[i]!r} is not allowed")
-
-    sys.addaudithook(hook)
-
-for _name in ("_posixsubprocess", "subprocess", "ctypes", "_ctypes"):
-    sys.modules.pop(_name, None)
-resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-_root, _file = sys.argv[1], sys.argv[2]
-with open(_file, encoding="utf-8") as _handle:
-    _code = compile(_handle.read(), "solution.py", "exec")
-sys.argv = ["solution.py"]
-_install(_root)
-del _install, _root, _file, _handle, _name
-exec(_code, {"__name__": "__main__", "__builtins__": __builtins__})
-"""
+# x86-64 system calls the program gets EPERM for: processes and threads (clone, clone3, fork,
+# vfork), other processes' memory, mounts and namespaces, keyrings, kernel modules, BPF,
+# perf, userfaultfd, io_uring, personality. Numbers from the kernel's syscall_64.tbl.
+_DENIED_X86_64 = (56, 57, 58, 435, 101, 310, 311, 165, 166, 155, 161, 272, 308, 248, 249, 250)
+_DENIED_X86_64 += (175, 176, 313, 246, 320, 321, 298, 323, 425, 426, 427, 135, 303, 304)
 
 
 @dataclass(frozen=True)
@@ -115,7 +68,9 @@ class Limits:
     memory_mb: int = 1024
     file_size_mb: int = 16
     cpu_seconds: int | None = None
-    output_chars: int = 1 << 20  # of stdout kept for comparison
+    output_chars: int = 1 << 20  # of stdout kept; more ends the run as an error
+    disk_mb: int = 64  # size of the tmpfs working directory (bwrap)
+    isolation: str = "bwrap"  # or "weak": the recipe's code_sandbox
 
     @property
     def cpu_limit(self) -> int:
@@ -124,17 +79,115 @@ class Limits:
 
 @dataclass(frozen=True)
 class RunResult:
-    """How a run ended: `status` is "ok" (exit 0), "error" (other exit or signal) or "timeout"."""
+    """How a run ended: `status` is "ok" (exit 0), "error" (other exit, signal, too much
+    output) or "timeout"; `channel` holds what the unit-test runner reported (bytes)."""
 
     status: str
     returncode: int | None
     stdout: str
     stderr: str
     seconds: float
+    channel: bytes = b""
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+def _seccomp_filter() -> bytes:
+    """A classic-BPF seccomp program (struct sock_filter array), or b"" off x86-64."""
+    if platform.machine() != "x86_64":
+        return b""
+    ins = [(0x20, 0, 0, 4), (0x15, 1, 0, 0xC000003E), (0x06, 0, 0, 0x80000000)]  # arch or kill
+    ins += [(0x20, 0, 0, 0), (0x35, 0, 1, 0x40000000), (0x06, 0, 0, 0x00050001)]  # x32: EPERM
+    for number in _DENIED_X86_64:
+        ins += [(0x15, 0, 1, number), (0x06, 0, 0, 0x00050001)]  # SECCOMP_RET_ERRNO | EPERM
+    ins.append((0x06, 0, 0, 0x7FFF0000))  # SECCOMP_RET_ALLOW
+    return b"".join(struct.pack("<HBBI", *i) for i in ins)
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """A memory file holding data, positioned at its start (no disk, never blocks)."""
+    fd = os.memfd_create(name, 0)
+    os.write(fd, data)  # a memory file takes all of it at once
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _readonly_binds() -> list[str]:
+    """bwrap arguments exposing the interpreter and the system libraries, read-only.
+
+    The installation's site-packages are masked by an empty read-only tmpfs: the program gets
+    the standard library only, and the interpreter starts without reading their .pth files
+    (38 ms down to 12 ms per run here).
+    """
+    args = []
+    for path in ("/usr/lib", "/usr/lib64", "/lib", "/lib64", sys.base_prefix):
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in site.getsitepackages([sys.base_prefix]):
+        if os.path.isdir(path):
+            args += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
+    return args
+
+
+def interpreter() -> str:
+    """The base interpreter (a venv's own site-packages stays outside the sandbox)."""
+    return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+
+
+def _bwrap_argv(limits: Limits, fds: dict[str, int]) -> list[str]:
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns"]
+    argv += ["--uid", _SANDBOX_ID, "--gid", _SANDBOX_ID, "--die-with-parent", "--new-session"]
+    argv += _readonly_binds() + ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(limits.disk_mb << 20), "--tmpfs", _BOX, "--chdir", _BOX]
+    for name in ("solution", "runner"):
+        if name in fds:
+            argv += ["--ro-bind-data", str(fds[name]), f"{_BOX}/{name}.py"]
+    if "seccomp" in fds:
+        argv += ["--seccomp", str(fds["seccomp"])]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]  # writable: /box only, size-capped
+    argv += ["--clearenv"]
+    for key, value in {**_ENV_KEEP, "HOME": _BOX, "TMPDIR": _BOX}.items():
+        argv += ["--setenv", key, value]
+    return [*argv, "--", interpreter(), "-I", "-B"]
+
+
+@functools.cache
+def isolation_problem() -> str | None:
+    """Why the bwrap sandbox cannot run here (one line), or None when it can."""
+    if not sys.platform.startswith("linux"):
+        return f"the code sandbox needs Linux namespaces (this is {sys.platform})"
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed (apt-get install bubblewrap)"
+    result = run_python("print(6 * 7)", "", Limits(wall_seconds=20))
+    if result.stdout.strip() == "42":
+        return None
+    why = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.status
+    return f"bwrap cannot start a sandbox here (user namespaces refused?): {why[:200]}"
+
+
+@functools.cache
+def _warn_weak() -> None:
+    logger.warning(
+        "code_sandbox: weak: programs run with the trainer's user under an in-interpreter audit "
+        "hook, which a determined program escapes (docs/code-rewards.md)"
+    )
+
+
+def require(isolation: str) -> None:
+    """Refuse the code rewards in one line when their isolation cannot run here."""
+    if isolation == "weak":
+        _warn_weak()
+        return
+    problem = isolation_problem()
+    if problem:
+        raise RewardError(
+            f"code rewards: {problem}; install it, or opt into the weaker in-process sandbox "
+            "with code_sandbox: weak (docs/code-rewards.md)"
+        )
 
 
 def _limit_child(limits: Limits) -> None:
@@ -148,25 +201,6 @@ def _limit_child(limits: Limits) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-@functools.cache
-def namespace_wrapper() -> tuple[str, ...]:
-    """The `unshare` prefix this machine allows (network + PID namespaces), or () if none."""
-    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
-        return ()
-    for wrapper in _NAMESPACE_WRAPPERS:
-        try:
-            probe = subprocess.run([*wrapper, "true"], capture_output=True, timeout=10, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
-            return tuple(wrapper)
-    logger.warning(
-        "code sandbox: unshare is not allowed here, so programs run without network and PID "
-        "namespaces; the audit hook still refuses network connections"
-    )
-    return ()
-
-
 def _kill_group(process: subprocess.Popen) -> None:
     try:
         os.killpg(process.pid, signal.SIGKILL)
@@ -174,67 +208,166 @@ def _kill_group(process: subprocess.Popen) -> None:
         pass  # already gone
 
 
-def _read(path: Path, limit: int) -> str:
-    with open(path, "rb") as handle:
-        return handle.read(limit).decode("utf-8", errors="replace")
+def _collect(pipes: dict[str, int], caps: dict[str, int], deadline: float):
+    """Read the pipes until they close, a cap is passed or the deadline: (data, why stopped)."""
+    data = {name: bytearray() for name in pipes}
+    with selectors.DefaultSelector() as selector:
+        for name, fd in pipes.items():
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ, name)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return data, "timeout"
+            for key, _ in selector.select(left):
+                try:
+                    chunk = os.read(key.fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    selector.unregister(key.fd)
+                    continue
+                data[key.data] += chunk
+                if len(data[key.data]) > caps[key.data]:
+                    return data, f"{key.data} over {caps[key.data]} bytes"
+    return data, None
 
 
-def run_command(argv: list[str], stdin: str, limits: Limits, workdir: Path) -> RunResult:
-    """Run argv in workdir under the limits, its own process group and a scrubbed environment.
+def run_command(
+    argv: list[str],
+    stdin: bytes,
+    limits: Limits,
+    *,
+    cwd: str | None = None,
+    pass_fds: tuple[int, ...] = (),
+    channel: bool = False,
+) -> RunResult:
+    """Run argv under the limits in its own session; stdout and stderr come back over pipes.
 
-    stdin comes from a file and stdout/stderr go to files (RLIMIT_FSIZE bounds them), so no
-    pipe can fill up and no output can exhaust the trainer's memory.
+    With ``channel``, a third pipe is passed too (an argument ``{channel}`` becomes its
+    descriptor) and what the child writes there comes back as ``RunResult.channel``.
     """
-    (workdir / "stdin.txt").write_text(stdin)
-    env = {**_ENV_KEEP, "HOME": str(workdir), "TMPDIR": str(workdir)}
+    names = ("stdout", "stderr", "channel") if channel else ("stdout", "stderr")
+    pipes = {name: os.pipe() for name in names}
+    channel_fd = str(pipes["channel"][1]) if channel else ""
+    stdin_fd = _memfd("stdin", stdin)
     start = time.monotonic()
-    with (
-        open(workdir / "stdin.txt", "rb") as fin,
-        open(workdir / "stdout.txt", "wb") as fout,
-        open(workdir / "stderr.txt", "wb") as ferr,
-    ):
+    try:
         process = subprocess.Popen(
-            argv,
-            stdin=fin,
-            stdout=fout,
-            stderr=ferr,
-            cwd=workdir,
-            env=env,
+            [channel_fd if arg == "{channel}" else arg for arg in argv],
+            stdin=stdin_fd,
+            stdout=pipes["stdout"][1],
+            stderr=pipes["stderr"][1],
+            cwd=cwd,
+            env={**_ENV_KEEP, "HOME": cwd or "/", "TMPDIR": cwd or "/"},
             close_fds=True,
+            pass_fds=(*pass_fds, *([pipes["channel"][1]] if channel else [])),
             start_new_session=True,  # its own process group, killed as one below
             preexec_fn=functools.partial(_limit_child, limits),  # noqa: PLW1509 - no threads here
         )
+    finally:
+        for _, write_end in pipes.values():
+            os.close(write_end)  # only the child holds them: end of file when it ends
+        os.close(stdin_fd)
+    deadline = start + limits.wall_seconds
+    try:
+        caps = {"stdout": limits.output_chars, "stderr": 1 << 20, "channel": 1 << 20}
+        reads = {name: read_end for name, (read_end, _) in pipes.items()}
+        data, stopped = _collect(reads, caps, deadline)
+        if stopped:
+            _kill_group(process)  # past a cap or the deadline: no need to wait any longer
         try:
-            returncode = process.wait(timeout=limits.wall_seconds)
-            status = "ok" if returncode == 0 else "error"
+            returncode = process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            returncode, status = None, "timeout"
-        finally:
-            _kill_group(process)  # whatever it started dies with it
-            process.wait()
+            returncode, stopped = None, stopped or "timeout"
+    finally:
+        _kill_group(process)  # whatever it started dies with it
+        process.wait()
+        for read_end, _ in pipes.values():
+            os.close(read_end)
+    return _result(data, stopped, returncode, limits, time.monotonic() - start)
+
+
+def _result(data, stopped: str | None, returncode, limits: Limits, seconds: float) -> RunResult:
+    status = "timeout" if stopped == "timeout" else "error" if stopped else "ok"
+    if status == "ok" and returncode != 0:
+        status = "error"
+    stderr = data["stderr"][:4000].decode("utf-8", errors="replace")
+    if stopped and stopped != "timeout":
+        stderr += f"\nsandbox: run ended, {stopped}"
     return RunResult(
         status=status,
-        returncode=returncode,
-        stdout=_read(workdir / "stdout.txt", limits.output_chars),
-        stderr=_read(workdir / "stderr.txt", 4000),
-        seconds=time.monotonic() - start,
+        returncode=None if status == "timeout" else returncode,
+        stdout=data["stdout"][: limits.output_chars].decode("utf-8", errors="replace"),
+        stderr=stderr,
+        seconds=seconds,
+        channel=bytes(data.get("channel", b"")),
     )
 
 
-def run_python(source: str, stdin: str = "", limits: Limits | None = None) -> RunResult:
-    """Run a Python program with the given stdin in a fresh sandbox directory."""
+def run_python(
+    source: str,
+    stdin: str = "",
+    limits: Limits | None = None,
+    *,
+    runner: str | None = None,
+    control: bytes = b"",
+) -> RunResult:
+    """Run a Python program with the given stdin in a fresh sandbox.
+
+    With ``runner`` (a Python source), the runner is run instead, with the program beside it as
+    ``solution.py`` and two descriptors as arguments: ``control`` (a memory file it reads) and
+    a pipe whose content comes back as ``RunResult.channel``.
+    """
     limits = limits or Limits()
-    with tempfile.TemporaryDirectory(prefix="maxent-sandbox-") as tmp:
-        workdir = Path(tmp)
-        (workdir / "solution.py").write_text(source)
-        argv = [
-            *namespace_wrapper(),
-            sys.executable,
-            "-I",
-            "-B",
-            "-c",
-            _BOOTSTRAP,
-            str(workdir),
-            str(workdir / "solution.py"),
-        ]
-        return run_command(argv, stdin, limits, workdir)
+    if limits.isolation == "weak":
+        return _run_weak(source, stdin, limits, runner, control)
+    fds = {"solution": _memfd("solution", source.encode())}
+    if runner is not None:
+        fds["runner"] = _memfd("runner", runner.encode())
+        fds["control"] = _memfd("control", control)
+    filter_ = _seccomp_filter()
+    if filter_:
+        fds["seccomp"] = _memfd("seccomp", filter_)
+    argv = _bwrap_argv(limits, fds)
+    if runner is None:
+        argv.append(f"{_BOX}/solution.py")
+    else:
+        argv += [f"{_BOX}/runner.py", str(fds["control"]), "{channel}"]
+    try:
+        channel = runner is not None
+        return run_command(argv, stdin.encode(), limits, pass_fds=(*fds.values(),), channel=channel)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _run_weak(source: str, stdin: str, limits: Limits, runner: str | None, control: bytes):
+    """The opt-in weaker mode: a temporary directory and the audit hook of weak_sandbox."""
+    tmp = tempfile.mkdtemp(prefix="maxent-sandbox-")
+    control_fd = _memfd("control", control)
+    try:
+        Path(tmp, "solution.py").write_text(source)
+        if runner is None:
+            argv = weak_argv(interpreter(), tmp, "solution.py", [])
+        else:
+            Path(tmp, "runner.py").write_text(runner)
+            argv = weak_argv(interpreter(), tmp, "runner.py", [str(control_fd), "{channel}"])
+        fds = (control_fd,) if runner is not None else ()
+        return run_command(
+            argv, stdin.encode(), limits, cwd=tmp, pass_fds=fds, channel=runner is not None
+        )
+    finally:
+        os.close(control_fd)
+        remove_tree(tmp)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a directory whatever the program did to it (modes, immutable flags); never raises."""
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.exists(path):  # the program made something immutable or unwritable
+        subprocess.run(["chattr", "-R", "-ia", path], capture_output=True, check=False)
+        subprocess.run(["chmod", "-R", "u+rwx", path], capture_output=True, check=False)
+        shutil.rmtree(path, ignore_errors=True)
+    if os.path.exists(path):
+        logger.warning("code sandbox: could not remove %s", path)

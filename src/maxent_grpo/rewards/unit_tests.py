@@ -1,0 +1,96 @@
+"""The trainer's side of ``python_unit_tests``: rewritten tests out, the verdict computed here.
+
+:func:`prepare` splits the row's tests into top-level statements and rewrites every ``assert``
+into ``__maxent_check__(ops, operand, ...)``: the operands of a comparison (``a == b``,
+``x in y``, chains too) or the asserted value. :func:`verdict` reads what the runner
+(:mod:`maxent_grpo.rewards.unit_child`) sent back: every statement must have its ``done``
+record and every check must hold when evaluated here, on the operands rebuilt from their
+``repr`` with ``ast.literal_eval``; the program's own ``__eq__`` or ``__bool__`` never decides.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+RUNNER = (Path(__file__).parent / "unit_child.py").read_text(encoding="utf-8")
+
+_OPS = {
+    "Eq": operator.eq,
+    "NotEq": operator.ne,
+    "Lt": operator.lt,
+    "LtE": operator.le,
+    "Gt": operator.gt,
+    "GtE": operator.ge,
+    "In": lambda a, b: a in b,
+    "NotIn": lambda a, b: a not in b,
+    "Is": operator.is_,
+    "IsNot": operator.is_not,
+}
+
+
+class _Asserts(ast.NodeTransformer):
+    def visit_Assert(self, node: ast.Assert) -> ast.stmt:
+        test = node.test
+        if isinstance(test, ast.Compare):
+            ops = [type(op).__name__ for op in test.ops]
+            operands = [test.left, *test.comparators]
+        else:
+            ops, operands = [], [test]
+        call = ast.Call(
+            func=ast.Name(id="__maxent_check__", ctx=ast.Load()),
+            args=[ast.Constant(value=tuple(ops)), *operands],
+            keywords=[],
+        )
+        return ast.copy_location(ast.Expr(value=call), node)
+
+
+def prepare(tests: str, entry_point: Any) -> list[str]:
+    """One source per top-level statement of the tests, asserts rewritten (SyntaxError raises)."""
+    if entry_point and re.search(r"^def check\(", tests, re.MULTILINE):
+        tests += f"\ncheck({entry_point})\n"
+    module = ast.fix_missing_locations(_Asserts().visit(ast.parse(tests)))
+    return [ast.unparse(statement) for statement in module.body]
+
+
+def control(statements: list[str]) -> tuple[str, bytes]:
+    """A fresh nonce and the control message the runner reads after the program ran."""
+    nonce = secrets.token_hex(16)
+    return nonce, json.dumps({"nonce": nonce, "tests": statements}).encode()
+
+
+def _holds(ops: list[str], values: list[str]) -> bool:
+    try:
+        operands = [ast.literal_eval(value) for value in values]
+        if not ops:
+            return len(operands) == 1 and bool(operands[0])
+        pairs = zip(ops, operands, operands[1:], strict=False)
+        return len(operands) == len(ops) + 1 and all(_OPS[op](a, b) for op, a, b in pairs)
+    except (ValueError, TypeError, SyntaxError, KeyError, MemoryError, RecursionError):
+        return False
+
+
+def verdict(channel: bytes, nonce: str, count: int) -> bool:
+    """True when each of the `count` statements ran to its end and every check held."""
+    done = set()
+    for line in channel.splitlines():
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            return False
+        if not isinstance(record, dict) or record.get("nonce") != nonce:
+            return False
+        if record.get("done") is True:
+            done.add(record.get("statement"))
+            continue
+        ops, values = record.get("ops"), record.get("values")
+        if not isinstance(ops, list) or not isinstance(values, list):
+            return False
+        if not all(isinstance(v, str) for v in values) or not _holds(ops, values):
+            return False
+    return done == set(range(count))
