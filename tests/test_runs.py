@@ -386,15 +386,14 @@ def test_runs_cli_table_and_json(tmp_path, capsys):
 
 
 def test_open_run_logs_sees_this_process(tmp_path):
-    if not Path("/proc/self/fd").is_dir():
-        pytest.skip("no /proc")
     path = tmp_path / "x_20260101-000000_train.log"
     with open(path, "w"):
         assert os.path.realpath(path) in open_run_logs()
     assert os.path.realpath(path) not in open_run_logs()
 
 
-def test_fake_runs_of_the_benchmark_are_all_read_right(tmp_path):
+def test_fake_runs_of_the_benchmark_are_all_read_right(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # bench scripts import benchlib beside them
     spec = importlib.util.spec_from_file_location("bench_runs", REPO / "bench" / "bench_runs.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
