@@ -8,6 +8,9 @@ import pytest
 
 from helpers.paths import REPO
 
+# With CI set, a skip is a failure (see there).
+pytest_plugins = ["helpers.ci_skips"]
+
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:

@@ -131,8 +131,17 @@ def test_batch_arithmetic_depends_on_the_planned_processes(tmp_path, world_size,
         error_of(argv, world_size=world_size)
 
 
+# The model recipes (recipes/MODEL/METHOD/config_*.yaml): a new one is added here.
+MODEL_RECIPES = [
+    "Qwen2.5-1.5B-Instruct/grpo/config_math.yaml",
+    "Qwen2.5-1.5B-Instruct/maxent-grpo/config_math.yaml",
+]
+
+
 def test_realistic_recipes_parse_for_their_planned_gpus():
-    for path in sorted((REPO / "recipes").glob("*/*/config_*.yaml")):
+    found = sorted((REPO / "recipes").glob("*/*/config_*.yaml"))
+    assert [str(p.relative_to(REPO / "recipes")) for p in found] == MODEL_RECIPES
+    for path in found:
         recipe = parse_recipe(["--config", str(path), "--use_cpu", "true"], world_size=7)
         assert recipe.method == ("maxent" if "maxent" in path.parent.name else "grpo"), path
         assert recipe.training.num_generations >= 2, path

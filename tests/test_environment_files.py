@@ -4,15 +4,19 @@ torch and documents every extra, and each recipe extra is an extra of the packag
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from helpers.paths import REPO
 from maxent_grpo.recipe.needs import DEFAULTS, recipe_needs
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (pyproject allows it): the same parser, as pip vendors it
+    from pip._vendor import tomli as tomllib
+
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 EXTRAS = PYPROJECT["optional-dependencies"]
 

@@ -7,6 +7,7 @@ must continue from the controller state saved in the checkpoint.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers.recipes import write_recipe
+from helpers.resume import assert_resumed_from, event_count
 from helpers.runs import REPO, child_env
 from maxent_grpo.rundir.checkpoints import RUN_MARKER, last_complete_checkpoint
 from maxent_grpo.train.adaptive_kl import KL_STATE_FILE, KLController
@@ -45,12 +47,14 @@ def adaptive_recipe(folder: Path, tiny_model: Path, **changes) -> Path:
     return write_recipe(folder, **{**keys, **changes})
 
 
-def train(recipe: Path, *flags: str) -> None:
+def train(recipe: Path, *flags: str) -> str:
+    """One run of src/grpo.py; its output."""
     cmd = [sys.executable, str(GRPO), "--config", str(recipe), *flags]
     proc = subprocess.run(
         cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
 
 
 def step_logs(output_dir: Path) -> dict[int, dict]:
@@ -88,14 +92,20 @@ def test_grpo_beta_follows_the_kl_controller(full_run):
 
 @pytest.mark.integration
 def test_resume_restores_the_kl_controller(tmp_path, tiny_model, full_run):
-    """Stopped after step 3 (a complete checkpoint), resumed to step 6: the same betas."""
+    """Stopped after step 3 (a complete checkpoint), resumed to step 6: the same betas; and
+    a beta changed in the checkpoint is the beta the resumed run goes on from."""
     part = tmp_path / "part"
     part_recipe = adaptive_recipe(part, tiny_model)
     train(part_recipe, "--max_steps", "3")
     out = part / "out"
     assert last_complete_checkpoint(out) == out / "checkpoint-3"
     (out / RUN_MARKER).unlink()  # as if the job had been stopped right after the checkpoint
-    train(part_recipe)
+    tampered = tmp_path / "tampered"
+    tampered_recipe = adaptive_recipe(tampered, tiny_model)
+    shutil.copytree(out, tampered / "out")
+    before = event_count(out)
+    log = train(part_recipe)
+    assert_resumed_from(out, before, checkpoint=3, max_steps=6, log=log)
 
     expected, resumed = step_logs(full_run), step_logs(out)
     saved = json.loads((out / "checkpoint-3" / KL_STATE_FILE).read_text())
@@ -104,6 +114,19 @@ def test_resume_restores_the_kl_controller(tmp_path, tiny_model, full_run):
     for step in (4, 5, 6):
         assert resumed[step]["beta"] == expected[step]["beta"], step
         assert resumed[step]["kl"] == pytest.approx(expected[step]["kl"], rel=1e-6), step
+
+    # The beta in the checkpoint is loaded: another one is what step 4 uses, and the
+    # controller goes on from it.
+    state_file = tampered / "out" / "checkpoint-3" / KL_STATE_FILE
+    state_file.write_text(json.dumps({"beta": 0.123}))
+    before = event_count(tampered / "out")
+    train(tampered_recipe)
+    assert_resumed_from(tampered / "out", before, checkpoint=3, max_steps=6)
+    logs = step_logs(tampered / "out")
+    replay = KLController(0.123, TARGET, HORIZON)
+    for step in (4, 5, 6):
+        assert logs[step]["beta"] == pytest.approx(replay.beta, rel=1e-9), step
+        replay.update(logs[step]["kl"], COMPLETIONS_PER_STEP)
 
 
 @pytest.mark.integration

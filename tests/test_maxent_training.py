@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 
 from helpers.paths import MAXENT_GRPO, REPO, SMOKE_MAXENT
 from helpers.recipes import small_recipe, write_recipe
+from helpers.resume import assert_resumed_from, event_count
 from maxent_grpo.rundir.checkpoints import RUN_MARKER, last_complete_checkpoint
 from maxent_grpo.tiny_model import build_tiny_model
 
@@ -41,11 +43,12 @@ def _env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
-def train(recipe: Path, *flags: str) -> None:
-    """One single-process training run of src/maxent-grpo.py."""
+def train(recipe: Path, *flags: str) -> str:
+    """One single-process training run of src/maxent-grpo.py; its output."""
     cmd = [sys.executable, str(ENTRY), "--config", str(recipe), *flags]
     proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
 
 
 def step_logs(output_dir: Path) -> dict[int, dict]:
@@ -208,7 +211,12 @@ def test_resume_matches_an_uninterrupted_run(tiny_model, tmp_path):
     train(part_recipe, "--max_steps", "3")
     assert last_complete_checkpoint(part) == part / "checkpoint-3"
     (part / RUN_MARKER).unlink()  # as if the job had been stopped right after the checkpoint
-    train(part_recipe)
+    tampered_recipe = small_recipe(tmp_path / "tampered", tiny_model, SMOKE_MAXENT, **steps)
+    tampered = tmp_path / "tampered" / "out"
+    shutil.copytree(part, tampered)
+    before = event_count(part)
+    log = train(part_recipe)
+    assert_resumed_from(part, before, checkpoint=3, max_steps=6, log=log)
 
     expected, resumed = step_logs(full), step_logs(part)
     assert sorted(expected) == sorted(resumed) == [1, 2, 3, 4, 5, 6]
@@ -225,6 +233,16 @@ def test_resume_matches_an_uninterrupted_run(tiny_model, tmp_path):
     # The state after step 3 is what step 4 ran with, and it has moved from its start.
     assert saved["kl"]["beta"] == expected[4]["maxent/beta"] != expected[1]["maxent/beta"]
     assert saved["tau"]["tau"] == expected[4]["maxent/tau"] != expected[1]["maxent/tau"]
+
+    # The controllers' state is loaded from the checkpoint: other values there are what
+    # step 4 of the resumed run uses.
+    saved["kl"]["beta"], saved["tau"]["tau"] = 0.0123, 0.456
+    (tampered / "checkpoint-3" / "maxent_controller_state.json").write_text(json.dumps(saved))
+    before = event_count(tampered)
+    train(tampered_recipe)
+    assert_resumed_from(tampered, before, checkpoint=3, max_steps=6)
+    step4 = step_logs(tampered)[4]
+    assert (step4["maxent/beta"], step4["maxent/tau"]) == (0.0123, 0.456)
 
 
 @pytest.mark.integration

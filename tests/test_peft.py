@@ -6,16 +6,19 @@ tests/vllm_server/test_vllm_lora.py.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
+from safetensors.torch import load_file, save_file
 
 from helpers.paths import PYTHON, REPO, SMOKE_LORA
 from helpers.recipes import small_recipe
+from helpers.resume import assert_resumed_from, event_count
 from helpers.runs import run, step_logs
 from maxent_grpo.errors import EXIT_CHECKPOINTED
 from maxent_grpo.rundir.checkpoints import clear_stop_request, last_complete_checkpoint
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("peft", reason="needs the peft extra: MAXENT_GRPO_EXTRAS=peft")
 
 GRPO = str(REPO / "src" / "grpo.py")
 
@@ -75,9 +78,12 @@ def test_stopped_lora_run_resumes_exactly_like_an_uninterrupted_one(tmp_path, ti
     assert checkpoint == out / "checkpoint-2"
     assert (checkpoint / "adapter_model.safetensors").is_file()
     clear_stop_request(out)
+    tampered = small_recipe(tmp_path / "tampered", tiny_model, SMOKE_LORA, **keys)
+    shutil.copytree(out, tmp_path / "tampered" / "out")
+    before = event_count(out)
     second = run([PYTHON, GRPO, "--config", str(part)], **env)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"Resuming from {checkpoint}" in second.stdout + second.stderr
+    assert_resumed_from(out, before, 2, max_steps=4, log=second.stdout + second.stderr)
 
     full_logs, resumed = step_logs(tmp_path / "full" / "out"), step_logs(out)
     assert sorted(resumed) == [1, 2, 3, 4]
@@ -86,3 +92,14 @@ def test_stopped_lora_run_resumes_exactly_like_an_uninterrupted_one(tmp_path, ti
             assert float(resumed[step][key]) == pytest.approx(
                 float(full_logs[step][key]), rel=1e-5, abs=1e-7
             ), (step, key)
+
+    # The adapter is loaded from the checkpoint: with its lora_B zeroed (the adapter of step
+    # 0), step 3 samples and scores other completions.
+    adapter = tmp_path / "tampered" / "out" / "checkpoint-2" / "adapter_model.safetensors"
+    tensors = load_file(str(adapter))
+    save_file({k: v * 0 if "lora_B" in k else v for k, v in tensors.items()}, str(adapter))
+    before = event_count(tmp_path / "tampered" / "out")
+    assert run([PYTHON, GRPO, "--config", str(tampered)]).returncode == 0
+    assert_resumed_from(tmp_path / "tampered" / "out", before, 2, max_steps=4)
+    third = step_logs(tmp_path / "tampered" / "out")[3]
+    assert float(third["entropy"]) != pytest.approx(float(resumed[3]["entropy"]), rel=1e-5)

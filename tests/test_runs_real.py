@@ -270,8 +270,6 @@ def test_plot_of_a_real_run(real_runs):
 
 @pytest.mark.integration
 def test_maxent_run_is_named_and_plotted(tmp_path, tiny_model):
-    if not (REPO / "src" / "maxent-grpo.py").is_file():
-        pytest.skip("no MaxEnt entry point")
     recipe = _recipe(tmp_path, "mx", tiny_model, base=SMOKE_MAXENT, max_steps=3, save_steps=3)
     result = run(
         [MAXENT_GRPO, "run", "--method", "maxent", "--config", str(recipe), "--run-name", "mx"],

@@ -1,8 +1,9 @@
 """scripts/setup_env.sh installs what a recipe needs, for real, into a fresh venv under tmp.
 
 One venv for the module (about a minute): the recipe's extras are installed by pip (peft,
-deepspeed), a second call with nothing new is a no-op, and on a GPU node (a fake nvidia-smi)
-a CPU build of torch is refused in one line.
+deepspeed) and a second call with nothing new is a no-op. On a GPU node (a fake nvidia-smi)
+a CPU build of torch is refused in one line: that test makes its own venv, with pip pointed
+at a local index holding only a stand-in "torch 2.13.0+cpu" (no file of this machine needed).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -64,8 +66,9 @@ def test_second_call_with_nothing_new_is_a_no_op(venv):
     took = time.monotonic() - start
     print(f"setup_env.sh, nothing to do: {took:.2f}s")
     assert result.returncode == 0 and result.stdout.strip() == f"{venv}/bin"
-    assert "Setting up" not in result.stderr
-    assert took < 5
+    assert "Setting up" not in result.stderr  # what proves nothing was installed
+    # A bash script and one python start: under 1 s idle, kept loose for a loaded machine.
+    assert took < 20
 
 
 def test_deepspeed_recipe_adds_deepspeed_but_not_vllm_on_a_cpu_node(venv):
@@ -76,26 +79,49 @@ def test_deepspeed_recipe_adds_deepspeed_but_not_vllm_on_a_cpu_node(venv):
     assert has(venv, "deepspeed") and not has(venv, "vllm")
 
 
-@pytest.mark.skipif(
-    not list(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl")),
-    reason="needs pip to find only a CPU torch offline (this project's machines: /opt/wheels)",
-)
-def test_gpu_node_refuses_a_cpu_torch_in_one_line(venv, tmp_path):
+def cpu_torch_index(folder: Path) -> str:
+    """A package index (PEP 503, on disk) whose only torch is "2.13.0+cpu": what a pip
+    configured for CPU wheels (find-links, a CPU index) finds. The wheel is a stand-in with
+    the right name and version, so nothing large is installed."""
+    wheel = folder / "torch-2.13.0+cpu-py3-none-any.whl"
+    info = "torch-2.13.0+cpu.dist-info"
+    files = {
+        "torch/__init__.py": '__version__ = "2.13.0+cpu"\n',
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+        archive.writestr(
+            f"{info}/RECORD", "".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n"
+        )
+    page = folder / "simple" / "torch" / "index.html"
+    page.parent.mkdir(parents=True)
+    page.write_text(f'<a href="{wheel.as_uri().replace("+", "%2B")}">{wheel.name}</a>\n')
+    return (folder / "simple").as_uri()
+
+
+def test_gpu_node_refuses_a_cpu_torch_in_one_line(tmp_path, monkeypatch):
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()
     fake.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"\n')
     fake.chmod(0o755)
-    before = stamp(venv)
+    venv = tmp_path / "venv"
+    # Only the index below: no pip configuration of this machine (find-links, indexes).
+    for name in [n for n in os.environ if n.startswith("PIP_")]:
+        monkeypatch.delenv(name)
     result = setup_env(
         venv,
         str(SMOKE),
         PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
-        # No network here: the local index and find-links hold only the CPU wheel.
-        MAXENT_GRPO_TORCH_INDEX="file:///opt/pypi/simple",
+        PIP_CONFIG_FILE=os.devnull,
+        MAXENT_GRPO_TORCH_INDEX=cpu_torch_index(tmp_path),
     )
-    assert result.returncode == 2
+    assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1
+    assert len(errors) == 1, result.stderr[-3000:]
     assert "GPU node (nvidia-smi) but pip installed torch 2.13.0+cpu" in errors[0]
     assert "MAXENT_GRPO_TORCH_INDEX" in errors[0]
-    assert stamp(venv) == before  # nothing recorded as installed
+    assert not (venv / ".maxent-grpo-stamp").exists()  # nothing recorded as installed

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.paths import MAXENT_GRPO, PYTHON, REPO, SMOKE
 from helpers.recipes import small_recipe
+from helpers.resume import assert_resumed_from, event_count
 from helpers.runs import run, step_logs
 from maxent_grpo.rundir.checkpoints import (
     CHECKPOINT_MARKER,
@@ -80,7 +83,7 @@ def test_grpo_learns_a_climbable_reward(tmp_path, tiny_model):
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, tiny_model):
     # 2 prompts, 1 per step: epochs of 2 steps, so the resume at step 3 lands in the second
     # epoch, whose prompt order TRL's sampler alone would not reproduce (train/data_order.py).
-    def train(name: str, max_steps: int) -> Path:
+    def train(name: str, max_steps: int) -> tuple[Path, str]:
         folder = tmp_path / name
         folder.mkdir(exist_ok=True)
         recipe = small_recipe(
@@ -88,23 +91,64 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, tiny_model
         )
         result = run([PYTHON, GRPO, "--config", str(recipe), "--max_steps", str(max_steps)])
         assert result.returncode == 0, result.stderr[-3000:]
-        return folder / "out"
+        return folder / "out", result.stdout + result.stderr
 
-    full = train("full", 6)
+    def copy_of_part(name: str) -> Path:
+        """The stopped run's output folder, copied for a resume from a tampered checkpoint."""
+        out = tmp_path / name / "out"
+        shutil.copytree(part, out)
+        return out
+
+    full, _ = train("full", 6)
     # Stop after step 3 (its checkpoint is complete), then start again with the full length.
-    part = train("part", 3)
+    part, _ = train("part", 3)
     (part / "maxent_grpo_training_complete.json").unlink()
     assert (part / "checkpoint-3" / CHECKPOINT_MARKER).is_file()
-    resumed = train("part", 6)
+    rng, moments = copy_of_part("rng"), copy_of_part("moments")
+    before = event_count(part)
+    resumed, log = train("part", 6)
     assert resumed == part
+    # It resumed: only steps 4-6 ran, from checkpoint-3 (a fresh start would log 1-6 again).
+    assert_resumed_from(part, before, checkpoint=3, max_steps=6, log=log)
 
     full_logs, resumed_logs = step_logs(full), step_logs(part)
     assert sorted(resumed_logs) == [1, 2, 3, 4, 5, 6]
     for step in (4, 5, 6):
-        for key in ("loss", "reward", "grad_norm", "completions/mean_length"):
+        for key in LOGGED:
             assert float(resumed_logs[step][key]) == pytest.approx(
                 float(full_logs[step][key]), rel=1e-5, abs=1e-7
             ), (step, key)
+
+    # What exists only in the checkpoint is loaded: another RNG state there changes the
+    # completions sampled at step 4; other Adam moments change the update of step 4, so
+    # what step 5 logs (its weights), while step 4's own numbers stay.
+    states = torch.load(rng / "checkpoint-3" / "rng_state.pth", weights_only=False)
+    states["cpu"] = torch.Generator().manual_seed(12345).get_state()
+    torch.save(states, rng / "checkpoint-3" / "rng_state.pth")
+    optimizer = torch.load(moments / "checkpoint-3" / "optimizer.pt", weights_only=False)
+    for state in optimizer["state"].values():
+        state["exp_avg"] = -state["exp_avg"]  # the momentum now pulls the other way
+    torch.save(optimizer, moments / "checkpoint-3" / "optimizer.pt")
+    for name in ("rng", "moments"):
+        before = event_count(tmp_path / name / "out")
+        train(name, 6)
+        assert_resumed_from(tmp_path / name / "out", before, checkpoint=3, max_steps=6)
+    changed_by_rng = differing(step_logs(rng), resumed_logs, 4)
+    assert changed_by_rng, "another RNG state in checkpoint-3 changed nothing at step 4"
+    assert not differing(step_logs(moments), resumed_logs, 4)
+    assert differing(step_logs(moments), resumed_logs, 5), "other Adam moments changed nothing"
+
+
+LOGGED = ("loss", "reward", "grad_norm", "completions/mean_length")
+
+
+def differing(logs: dict, reference: dict, step: int) -> list[str]:
+    """The LOGGED values of `step` that differ between two runs' logs."""
+    return [
+        key
+        for key in LOGGED
+        if float(logs[step][key]) != pytest.approx(float(reference[step][key]), rel=1e-5, abs=1e-7)
+    ]
 
 
 def test_module_entry_point_takes_the_method_and_rejects_bad_keys_in_one_line():

@@ -10,13 +10,11 @@ from __future__ import annotations
 import inspect
 
 import pytest
-
-trl = pytest.importorskip("trl")
-transformers = pytest.importorskip("transformers")
-
-from trl import GRPOTrainer  # noqa: E402
-from trl.generation import vllm_generation  # noqa: E402
-from trl.trainer import grpo_trainer  # noqa: E402
+import transformers
+import trl
+from trl import GRPOTrainer
+from trl.generation import vllm_generation
+from trl.trainer import grpo_trainer
 
 # The versions the rows were read against (pyproject.toml pins them).
 READ = {"trl": "1.16.0", "transformers": "5.17.0"}

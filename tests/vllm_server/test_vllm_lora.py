@@ -16,7 +16,6 @@ from maxent_grpo.errors import EXIT_CHECKPOINTED
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
 
 pytestmark = pytest.mark.vllm
-pytest.importorskip("peft", reason="needs the peft extra: MAXENT_GRPO_EXTRAS=peft")
 TEXT = "What is the sum of 12 plus 30? <think> 12 plus 30 </think> <answer> 42 </answer>"
 
 
