@@ -1,5 +1,5 @@
 """Wall-clock timers the product keeps on its own work, per process (a leaf: imports nothing
-of the package).
+of the package). For example::
 
     with timed("checkpoint_save"):
         ...

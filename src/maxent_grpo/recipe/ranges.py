@@ -147,7 +147,7 @@ TRL_PACKAGES: dict[str, tuple[Package, ...]] = {
     "use_peft": (Package("peft", "peft", "true"),),
 }
 
-#: What we add to each TRL- and transformers-owned key: its one declaration here.
+#: What we add to each TRL- and transformers-owned key, declared once here.
 TRL_KEYS: dict[str, Accepts] = {
     name: Accepts(
         range=TRL_RANGES.get(name, ()),
