@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the recipe, plan the GPUs, start vLLM if needed and train (one attempt)",
     )
     _add_recipe_args(run)
+    run.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="resume a run with keys that change training set otherwise than at its first "
+        "start (it refuses them by default, naming each key and both values)",
+    )
 
     plan = sub.add_parser("plan", help="print the launch plan (GPUs, ports, commands) only")
     _add_recipe_args(plan)
@@ -227,6 +233,7 @@ def _request(args):
         run_name=args.run_name,
         overrides=tuple(overrides),
         logs_dir=Path(args.logs_dir),
+        accept_changes=getattr(args, "accept_changes", False),
     )
 
 
@@ -276,6 +283,17 @@ def _run(args) -> int:
     raise AssertionError(args.command)
 
 
+def _server_summary(plan) -> str:
+    """The vLLM server of a checked plan, as the plan and the job's header see it."""
+    s = plan.server
+    if s is None or s.device != "gpu":
+        return ""
+    return (
+        f"; vLLM server on {len(s.gpus)} GPU(s) of {s.node} "
+        f"({s.data_parallel} replica(s) x tensor parallel {s.tensor_parallel})"
+    )
+
+
 def _check(request, environment) -> str:
     """`check`: the verdict on a recipe, with every problem at once (a ConfigProblems)."""
     # full: the trainers' checks too (TRL's own included), which the launcher leaves to them.
@@ -285,13 +303,14 @@ def _check(request, environment) -> str:
         prepared = prepare(request, environment=environment, full=True, packages=not elsewhere)
     plan = prepared.plan
     notes = [f"note: {note}" for note in prepared.keys.notes]
+    notes += [f"note: idle GPUs: {line}" for line in plan.idle]
     if elsewhere and (installs := job_installs(request.recipe, prepared.keys.values)):
         notes.append(f"note: {installs}")
     return "\n".join(
         [
             *notes,
             f"ok: {request.recipe} is valid for {plan.train.num_processes} training process(es) "
-            f"on {plan.device}; output_dir {prepared.keys.output_dir}",
+            f"on {plan.device}; output_dir {prepared.keys.output_dir}" + _server_summary(plan),
         ]
     )
 

@@ -29,6 +29,13 @@ from maxent_grpo.launch.outcomes import (
 from maxent_grpo.launch.overrides import server_environ
 from maxent_grpo.launch.plan import Plan
 from maxent_grpo.launch.processes import Child
+from maxent_grpo.launch.resume import (
+    changed_keys,
+    check_max_steps,
+    refuse_changes,
+    settings_of,
+    with_recorded,
+)
 from maxent_grpo.launch.server import launch_server
 from maxent_grpo.launch.slurm import (
     job_record,
@@ -48,6 +55,7 @@ from maxent_grpo.launch.watchdog import (
     watch_training,
 )
 from maxent_grpo.rundir.checkpoints import (
+    clear_run_complete,
     clear_stop_request,
     last_complete_checkpoint,
     list_checkpoints,
@@ -58,6 +66,7 @@ from maxent_grpo.rundir.checkpoints import (
 )
 from maxent_grpo.rundir.events import emit
 from maxent_grpo.rundir.heartbeat import clear_heartbeats, heartbeat_dir
+from maxent_grpo.rundir.settings import RunSettings, read_settings, write_settings
 from maxent_grpo.vllm_health import ServerWaitCancelled
 
 # How long the trainers may take to finish a step and save after a SIGTERM reached every
@@ -216,9 +225,11 @@ class Attempt:
             # An earlier task of this array failed for good: retrying cannot fix it.
             print(f"error: {marker.read_text().strip()}", file=sys.stderr)
             return EXIT_USER_ERROR
+        recorded = self._recorded_settings()
         prepared = self._prepare(marker)
         recipe, plan = prepared.keys, prepared.plan
         self.output_dir = Path(recipe.output_dir)
+        self._check_resume(recipe, recorded)
         if run_is_complete(self.output_dir):
             print(f"{self.output_dir} already holds a completed run; nothing to do.")
             return 0
@@ -248,6 +259,36 @@ class Attempt:
         print(f"log: {train_log}")
         outcome = self._classify(watched, previous, train_log)
         return self._finish(outcome, recipe.max_requeues, marker)
+
+    def _recorded_settings(self) -> RunSettings | None:
+        """The settings this run started with; their overrides go under this request's."""
+        output_dir = declared_output_dir(self.request)
+        recorded = read_settings(output_dir) if output_dir is not None else None
+        if recorded is not None and recorded.overrides:
+            print(
+                f"{output_dir} started with -- {' '.join(recorded.overrides)}: "
+                "kept unless this command sets them",
+                flush=True,
+            )
+        self.request = with_recorded(self.request, recorded)
+        return recorded
+
+    def _check_resume(self, keys, recorded: RunSettings | None) -> None:
+        """Refuse a change the start did not accept, or a max_steps behind the checkpoint;
+        record the settings at the first start and when a change is accepted."""
+        changed = changed_keys(recorded, keys) if recorded is not None else []
+        if changed and not self.request.accept_changes:
+            raise refuse_changes(self.output_dir, changed)
+        checkpoint = last_complete_checkpoint(self.output_dir)
+        step = int(checkpoint.name.split("-")[-1]) if checkpoint else None
+        check_max_steps(self.output_dir, keys.max_steps, step)
+        raised = any(key == "max_steps" and new > old for key, old, new in changed)
+        if raised and checkpoint is not None and run_is_complete(self.output_dir):
+            # A finished run given more steps trains on from its last checkpoint.
+            print(f"{self.output_dir}: max_steps raised; training on from {checkpoint}")
+            clear_run_complete(self.output_dir)
+        if recorded is None or changed:
+            write_settings(self.output_dir, settings_of(keys, self.request))
 
     def _emit_user_error(self, reason: str) -> None:
         output_dir = declared_output_dir(self.request)

@@ -34,6 +34,8 @@ class RunRequest:
     run_name: str | None = None
     overrides: tuple[str, ...] = ()
     logs_dir: Path = Path("logs")
+    # a later start of a run may change keys that change training (launch/resume.py)
+    accept_changes: bool = False
 
     def argv(self, env_flags: tuple[str, ...] = ()) -> list[str]:
         """The recipe's argv: --config, flags from the environment (launch/overrides.py), the

@@ -115,6 +115,11 @@ def mark_run_complete(output_dir: str | os.PathLike, info: dict) -> None:
     write_json_atomic(Path(output_dir) / RUN_MARKER, {**info, "time": time.time()})
 
 
+def clear_run_complete(output_dir: str | os.PathLike) -> None:
+    """Reopen a completed run (its max_steps was raised): the trainers resume it."""
+    (Path(output_dir) / RUN_MARKER).unlink(missing_ok=True)
+
+
 def run_is_complete(output_dir: str | os.PathLike) -> bool:
     return (Path(output_dir) / RUN_MARKER).is_file()
 

@@ -1,0 +1,78 @@
+"""A new user's first day (issue 26): a resume keeps the settings a run started with.
+
+The trap: `training.sh -- --max_steps 200`, stopped at step 51, then `training.sh` again
+resumed with the recipe's max_steps (below 51) and marked the run complete at step 51.
+Replayed here with the tiny model: started with `-- --max_steps 4`, stopped at step 2, the
+recipe itself says max_steps 1.
+"""
+
+from __future__ import annotations
+
+import json
+
+from helpers.paths import MAXENT_GRPO
+from helpers.recipes import small_recipe
+from helpers.resume import assert_resumed_from, event_count
+from helpers.runs import run
+from maxent_grpo.launch.resume import changes_training
+from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
+from maxent_grpo.rundir.settings import read_settings
+
+STOP = "tests.helpers.stop_rewards:stop_at_step"
+
+
+def _launch(recipe, *args, **env):
+    return run([MAXENT_GRPO, "run", "--config", str(recipe), *args], **env)
+
+
+def test_a_resume_keeps_the_settings_the_run_started_with(tmp_path, tiny_model):
+    recipe = small_recipe(
+        tmp_path,
+        tiny_model,
+        max_steps=1,
+        reward_funcs=["digit_fraction", STOP],
+        reward_weights=[1.0, 0.0],
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    out = tmp_path / "out"
+    stop = dict(MAXENT_GRPO_TEST_STOP_AT="2", MAXENT_GRPO_TEST_STOP_DIR=str(out))
+    first = _launch(recipe, "--", "--max_steps", "4", **stop)
+    assert last_complete_checkpoint(out) == out / "checkpoint-2", first.stdout[-3000:]
+    settings = read_settings(out)
+    assert settings.overrides == ("--max_steps", "4") and settings.values["max_steps"] == 4
+
+    # The trap's second command: the same recipe without the overrides resumes towards 4.
+    before = event_count(out)
+    second = _launch(recipe)
+    log = second.stdout + second.stderr
+    assert second.returncode == 0, log[-3000:]
+    assert "started with -- --max_steps 4" in log
+    assert_resumed_from(out, before, 2, max_steps=4, log=log)
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+
+    # Another value of a key that changes training: one line naming it and both values.
+    lower = _launch(recipe, "--", "--max_steps", "3")
+    assert lower.returncode == 2
+    error = lower.stderr.strip().splitlines()
+    assert len(error) == 1 and "max_steps 4 -> 3" in error[0] and "--accept-changes" in error[0]
+    assert "Training complete" not in lower.stdout + lower.stderr
+    # Accepted, a max_steps behind the checkpoint is still refused: it would end the run.
+    behind = _launch(recipe, "--accept-changes", "--", "--max_steps", "3")
+    assert behind.returncode == 2 and "past max_steps 3" in behind.stderr, behind.stderr
+
+    # A completed run given more steps: refused by default, trained on when accepted.
+    assert run_is_complete(out)
+    more = _launch(recipe, "--", "--max_steps", "6")
+    assert more.returncode == 2 and "max_steps 4 -> 6" in more.stderr
+    before = event_count(out)
+    accepted = _launch(recipe, "--accept-changes", "--", "--max_steps", "6")
+    log = accepted.stdout + accepted.stderr
+    assert accepted.returncode == 0, log[-3000:]
+    assert_resumed_from(out, before, 4, max_steps=6, log=log)
+    assert run_is_complete(out) and read_settings(out).values["max_steps"] == 6
+
+
+def test_where_a_run_is_logged_or_saved_does_not_change_training():
+    assert changes_training("max_steps") and changes_training("learning_rate")
+    for key in ("logging_steps", "save_steps", "report_to", "hang_timeout", "output_dir"):
+        assert not changes_training(key)
