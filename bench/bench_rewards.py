@@ -23,9 +23,11 @@ the figure is completions per second from the median time.
 The rewards that run the completion's program (code, binary_code, python_unit_tests) are timed
 on their own mix (--code-completions, default 40): per problem (add two numbers, three test
 cases) a correct program, a wrong one, one that crashes and one without a code block; each run
-is a sandboxed `python -I` process, at most parallel_code_exec_per_proc (2) at a time. Their
+is a sandboxed Python process, at most parallel_code_exec_per_proc (2) at a time. Their
 figure is completions per second too (three sandbox runs per completion with a code block for
-code/binary_code, one for python_unit_tests). Writes bench/results/rewards.json.
+code/binary_code, one for python_unit_tests). The sandbox's own cost is timed apart: an empty
+program run through the sandbox (bubblewrap, code_sandbox: bwrap) against a bare start of the
+same interpreter, alternating, --sandbox-runs times each. Writes bench/results/rewards.json.
 """
 
 from __future__ import annotations
@@ -184,11 +186,39 @@ def bench_code_rewards(args) -> tuple[dict, list]:
         rate = n / statistics.median(times)
         results[name] = {"seconds": times, "completions_per_s": rate}
         note = (
-            f"{1e3 / rate:.0f} ms per completion (sandboxed python -I runs, "
+            f"{1e3 / rate:.0f} ms per completion (sandboxed runs, "
             f"{func.workers} at a time); mix: {', '.join(CODE_KINDS)}"
         )
         figures.append(throughput_figure(name, rate, note))
     return results, figures
+
+
+def bench_sandbox_cost(runs: int) -> tuple[dict, list]:
+    """Milliseconds of one empty program: bare interpreter start vs through the sandbox."""
+    import subprocess
+
+    from maxent_grpo.rewards.sandbox import Limits, interpreter, run_python
+
+    bare_argv = [interpreter(), "-I", "-B", "-S", "-c", "pass"]
+    times: dict[str, list[float]] = {"bare": [], "sandboxed": []}
+    run_python("pass", "", Limits())  # the first run checks bwrap once (cached)
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(bare_argv, check=True)
+        times["bare"].append(1e3 * (time.perf_counter() - start))
+        start = time.perf_counter()
+        assert run_python("pass", "", Limits()).ok
+        times["sandboxed"].append(1e3 * (time.perf_counter() - start))
+    med = {name: statistics.median(values) for name, values in times.items()}
+    fig = figure(
+        "code sandbox: one empty program, start to end",
+        med["sandboxed"],
+        "ms",
+        note=f"bare interpreter start {med['bare']:.1f} ms (python -I -B -S); the difference is "
+        "bubblewrap's namespaces, mounts and seccomp filter",
+    )
+    print_figures([fig])
+    return {"ms": times, "median_ms": med}, [fig]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per variant")
     parser.add_argument(
         "--code-completions", type=int, default=40, help="completions in the code rewards' mix"
+    )
+    parser.add_argument(
+        "--sandbox-runs", type=int, default=20, help="empty programs timed, bare and sandboxed"
     )
     args = parser.parse_args(argv)
 
@@ -224,18 +257,21 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print_figures(figs)
     code_results, code_figures = bench_code_rewards(args)
+    sandbox_cost, sandbox_figures = bench_sandbox_cost(args.sandbox_runs)
     settings = {
         "completions": args.completions,
         "code_completions": args.code_completions,
+        "sandbox_runs": args.sandbox_runs,
         "batch": args.batch,
         "repeats": args.repeats,
         "overlong_max_length": 1024,
         "overlong_buffer": 256,
     }
     measurement.finish(
-        figures + figs + code_figures,
+        figures + figs + code_figures + sandbox_figures,
         settings,
         rewards={**results, **code_results},
+        sandbox_cost=sandbox_cost,
         mix=counts,
     )
     return 0

@@ -286,5 +286,10 @@ def test_weak_mode_is_explicit_and_logged(no_bwrap, caplog):
         (code,) = get_reward_funcs(["code"], code_sandbox="weak")
     assert "code_sandbox: weak" in caplog.text and code.limits.isolation == "weak"
     assert code([fenced("print(sum(map(int, input().split())))")], verification_info=[ADD]) == [1.0]
+    # Unit tests are scored by the same runner and verdict: an early exit 0 still fails.
+    (unit,) = get_reward_funcs(["python_unit_tests"], code_sandbox="weak")
+    right, wrong = "def add(a, b):\n    return a + b", "def add(a, b):\n    return a - b"
+    completions = [fenced(right), fenced(wrong + "\nimport os\nos._exit(0)")]
+    assert unit(completions, solution=["assert add(2, 3) == 5"] * 2) == [1.0, 0.0]
     with pytest.raises(RewardError, match="code_sandbox must be one of bwrap, weak"):
         get_reward_funcs(["code"], code_sandbox="none")

@@ -303,5 +303,40 @@ def test_no_network_not_even_the_trainer_loopback():
     assert result.ok and "connected" not in result.stdout
 
 
+def _system_python() -> str | None:
+    """A python of this version that an unprivileged user can run (not under /root)."""
+    path = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    return path if os.access(path, os.X_OK) else None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="already run as an unprivileged user")
+@pytest.mark.skipif(_system_python() is None, reason="no system python of this version")
+def test_the_suite_holds_for_an_unprivileged_trainer():
+    """Attack: all of the above, with the trainer run as nobody (setpriv), the way a cluster
+    user runs it. Verdict: every test of this file passes there too, none skipped."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    site_packages = next(p for p in sys.path if p.endswith("site-packages") and sys.prefix in p)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/tmp",
+        "OMP_NUM_THREADS": "1",
+        "MAXENT_GRPO_REDTEAM_TESTS": "1",
+        "PYTHONPATH": f"{root}/src:{site_packages}",
+    }
+    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", _system_python()]
+    command += ["-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not unprivileged"]
+    result = subprocess.run(
+        [*command, os.path.abspath(__file__)],
+        env=env,
+        cwd="/tmp",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr
+    assert result.returncode == 0 and "skipped" not in summary, result.stdout[-2000:]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
