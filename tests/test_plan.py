@@ -274,7 +274,8 @@ def test_multi_node_vllm_on_first_node_training_on_the_others(nodes, tp):
     req = SERVER.with_values(vllm_tensor_parallel_size=tp)
     plan = make_plan(env(8, nodes=nodes), req, PORTS)
     assert plan.server.node == ("localhost" if nodes == 1 else "node0")
-    assert plan.server.gpus == gpus(8)[:tp]
+    # several nodes: the whole first node serves (8 / tp replicas)
+    assert plan.server.gpus == (gpus(8)[:tp] if nodes == 1 else gpus(8))
     if nodes == 1:
         assert plan.train.command[0] != "srun"
         assert plan.train.num_processes == 8 - tp
@@ -293,6 +294,115 @@ def test_multi_node_vllm_on_first_node_training_on_the_others(nodes, tp):
     assert flag(per_node, "--main_process_ip") == "node1"
     assert flag(per_node, "--machine_rank") == "$SLURM_PROCID"
     assert flag(per_node, "--vllm_server_host") == "node0"
+
+
+# --- server replicas (vllm_data_parallel_size) -----------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "tp", "dp"), [(8, 1, 2), (8, 2, 2), (8, 1, 7), (4, 1, 3)])
+def test_one_node_first_tp_x_dp_gpus_serve_and_the_rest_train(n, tp, dp):
+    req = SERVER.with_values(vllm_tensor_parallel_size=tp, vllm_data_parallel_size=dp)
+    plan = make_plan(env(n), req, PORTS)
+    assert plan.server.gpus == gpus(n)[: tp * dp]
+    assert plan.server.env["CUDA_VISIBLE_DEVICES"] == ",".join(gpus(n)[: tp * dp])
+    assert flag(plan.server.command, "--tensor-parallel-size") == str(tp)
+    assert flag(plan.server.command, "--data-parallel-size") == str(dp)
+    assert plan.train.gpus == gpus(n)[tp * dp :]
+    assert plan.train.num_processes == n - tp * dp
+    assert plan.idle == ()
+    assert f"tensor parallel {tp} x data parallel {dp}" in plan.describe()
+
+
+def test_one_node_defaults_to_one_replica():
+    plan = make_plan(env(8), SERVER, PORTS)
+    assert plan.server.gpus == ("0",) and plan.server.data_parallel == 1
+    assert flag(plan.server.command, "--data-parallel-size") == "1"
+    assert plan.train.num_processes == 7 and plan.idle == ()
+
+
+def test_one_node_replicas_need_a_gpu_left_to_train():
+    message = plan_error(env(4), SERVER.with_values(vllm_data_parallel_size=4))
+    assert "needs 4 GPU(s) for vLLM plus at least one to train" in message
+    assert "lower vllm_data_parallel_size" in message
+
+
+def test_whole_node_generation_two_nodes_nothing_idle():
+    """The issue's plan: `plan --gpus 8 --nodes 2`: 8 replicas on node0, 8 trainers on node1."""
+    plan = make_plan(env(8, nodes=2), SERVER, PORTS)
+    assert (plan.server.node, plan.server.gpus) == ("node0", gpus(8))
+    assert flag(plan.server.command, "--data-parallel-size") == "8"
+    assert flag(plan.server.command, "--tensor-parallel-size") == "1"
+    assert plan.train.nodes == ("node1",) and plan.train.gpus == gpus(8)
+    assert plan.train.num_processes == 8
+    assert plan.idle == ()
+    assert plan.describe().endswith("idle: none")
+
+
+@pytest.mark.parametrize(("tp", "dp"), [(2, 4), (4, 2), (8, 1)])
+def test_whole_node_generation_with_tensor_parallel(tp, dp):
+    plan = make_plan(env(8, nodes=3), SERVER.with_values(vllm_tensor_parallel_size=tp), PORTS)
+    assert plan.server.gpus == gpus(8)
+    assert (plan.server.tensor_parallel, plan.server.data_parallel) == (tp, dp)
+    assert flag(plan.server.command, "--data-parallel-size") == str(dp)
+    assert plan.idle == ()
+
+
+def test_an_explicit_replica_count_that_leaves_gpus_idle_is_named():
+    plan = make_plan(env(8, nodes=2), SERVER.with_values(vllm_data_parallel_size=2), PORTS)
+    assert plan.server.gpus == ("0", "1")
+    assert plan.idle == (
+        "node node0 GPUs 2,3,4,5,6,7 (set vllm_data_parallel_size: 8 (or unset it) to serve "
+        "with the whole node)",
+    )
+    assert "idle: node node0 GPUs 2,3,4,5,6,7" in plan.describe()
+
+
+def test_tp_not_dividing_the_node_leaves_the_remainder_idle():
+    plan = make_plan(env(8, nodes=2), SERVER.with_values(vllm_tensor_parallel_size=3), PORTS)
+    assert plan.server.gpus == gpus(6)
+    assert plan.idle == ("node node0 GPUs 6,7 (use a vllm_tensor_parallel_size that divides 8)",)
+
+
+def test_fewer_trainers_than_gpus_are_named_idle():
+    plan = make_plan(env(8), SERVER.with_values(num_processes=4), PORTS)
+    assert plan.idle == (
+        "node localhost GPUs 5,6,7 (unset num_processes, or raise it, to train on them)",
+    )
+
+
+def test_replicas_beyond_a_node_are_one_clear_line():
+    message = plan_error(env(8, nodes=2), SERVER.with_values(vllm_data_parallel_size=9))
+    assert "vllm_tensor_parallel_size: 1 x vllm_data_parallel_size: 9 = 9 server GPUs" in message
+    assert "lower vllm_data_parallel_size to 8 or less" in message
+
+
+def test_cpu_server_replicas_reach_the_command():
+    plan = make_plan(env(0), CPU_SERVER.with_values(vllm_data_parallel_size=2), PORTS)
+    assert flag(plan.server.command, "--data-parallel-size") == "2"
+    assert plan.server.gpus == () and plan.idle == ()
+
+
+def sbatch_header(path) -> dict[str, str]:
+    lines = (REPO / path).read_text().splitlines()
+    options = [line.split(None, 1)[1] for line in lines if line.startswith("#SBATCH ")]
+    return dict(option.lstrip("-").split("=", 1) for option in options if "=" in option)
+
+
+@pytest.mark.parametrize(
+    ("script", "server_gpus", "trainers"),
+    [("slurm/multinode.sbatch", 8, 8), ("training.sh", 1, 7)],
+)
+def test_slurm_headers_as_written_leave_no_gpu_idle(script, server_gpus, trainers):
+    """The header's allocation, the plan and `check` agree: nothing idle as shipped."""
+    header = sbatch_header(script)
+    nodes, per_node = int(header["nodes"]), int(header["gres"].rsplit(":", 1)[1])
+    recipe = read_recipe(
+        ["--config", str(REPO / "recipes/Qwen2.5-1.5B-Instruct/grpo/config_math.yaml")]
+    )
+    plan = make_plan(env(per_node, nodes=nodes), recipe, PORTS)
+    assert len(plan.server.gpus) == server_gpus
+    assert plan.train.num_processes == trainers
+    assert plan.idle == ()
 
 
 @pytest.mark.parametrize("nodes", [2, 4])

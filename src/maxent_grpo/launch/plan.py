@@ -10,6 +10,7 @@ what is checked here is the recipe against the allocation.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from dataclasses import dataclass, field
 
@@ -56,6 +57,8 @@ class ServerPlan:
     device: str  # "gpu" or "cpu" (vllm_server_device)
     weight_sync: str  # vllm_weight_sync
     timeout: float  # seconds to wait for /health (vllm_server_timeout)
+    tensor_parallel: int = 1
+    data_parallel: int = 1  # replicas (vLLM's --data-parallel-size)
 
     @property
     def url(self) -> str:
@@ -82,6 +85,8 @@ class Plan:
     server: ServerPlan | None
     train: TrainPlan
     external_server: str | None = None  # vllm_server_base_url: a server we do not start
+    # GPUs of the allocation that neither serve nor train, one line per node with what to do
+    idle: tuple[str, ...] = ()
 
     def describe(self) -> str:
         lines = [f"device: {self.device}"]
@@ -89,7 +94,8 @@ class Plan:
             s = self.server
             where = f"GPUs {','.join(s.gpus)}" if s.device == "gpu" else "CPU (vLLM's CPU build)"
             lines += [
-                f"vllm server: node {s.node}, {where}, port {s.port}, "
+                f"vllm server: node {s.node}, {where} (tensor parallel {s.tensor_parallel} x "
+                f"data parallel {s.data_parallel}), port {s.port}, "
                 f"weight sync {s.weight_sync}"
                 + (f" (group port {s.group_port})" if s.weight_sync == "nccl" else ""),
                 f"  health: {s.health_url} (timeout {s.timeout:g}s: vllm_server_timeout)",
@@ -108,6 +114,7 @@ class Plan:
             "  env: " + _format_env(t.env),
             "  command: " + shlex.join(t.command),
         ]
+        lines += [f"idle: {line}" for line in self.idle] or ["idle: none"]
         return "\n".join(lines)
 
 
@@ -121,11 +128,17 @@ def make_plan(env: Environment, recipe: RecipeKeys, ports: Ports = Ports()) -> P
     - No vLLM, colocate mode, or an external server (vllm_server_base_url): no server is
       planned; training gets every GPU of every node (or CPU processes when there is none).
     - Server on GPU (vllm_server_device: gpu, the default): the server gets the first
-      vllm_tensor_parallel_size GPUs of the first node. One node: training gets the rest of
-      its GPUs. Several nodes: training gets every GPU of the other nodes.
+      tp x dp GPUs of the first node (vllm_tensor_parallel_size x vllm_data_parallel_size;
+      dp unset: 1 on one node, the whole first node on several). One node: training gets the
+      rest of its GPUs. Several nodes: training gets every GPU of the other nodes.
     - Server on CPU (vllm_server_device: cpu, vLLM's CPU build): the server takes no GPU and
       training gets everything, as without a server. Weight sync must be `disk`.
     """
+    plan = _make_plan(env, recipe, ports)
+    return dataclasses.replace(plan, idle=idle_gpus(env, plan, recipe))
+
+
+def _make_plan(env: Environment, recipe: RecipeKeys, ports: Ports) -> Plan:
     server_mode = recipe.use_vllm and recipe.vllm_mode == "server"
     if server_mode and recipe.vllm_server_base_url:
         plan = _train_everywhere(env, recipe, ports, server=None)
@@ -156,7 +169,9 @@ def _cpu_server_plan(env: Environment, recipe: RecipeKeys, ports: Ports) -> Plan
             f"vllm_tensor_parallel_size: {recipe.vllm_tensor_parallel_size} with "
             "vllm_server_device: cpu; a CPU server runs one worker, set it to 1"
         )
-    server = _server_plan(env.nodes[0], (), recipe, ports, env.python, device="cpu")
+    server = _server_plan(
+        env.nodes[0], (), recipe, ports, env.python, "cpu", recipe.vllm_data_parallel_size or 1
+    )
     if env.gpus:
         return _gpu_plan(env, recipe, ports, server, env.nodes, env.gpus)
     # Several nodes: the server has the first one to itself, as a GPU server would.
@@ -178,20 +193,38 @@ def _gpu_server_plan(env: Environment, recipe: RecipeKeys, ports: Ports) -> Plan
             f"vllm_tensor_parallel_size: {tp} but each node has {len(env.gpus)} GPU(s) "
             f"({','.join(env.gpus)}); request more GPUs or lower the tensor-parallel size"
         )
-    server_gpus = env.gpus[:tp]
+    dp = data_parallel_size(recipe, len(env.gpus), len(env.nodes))
+    if tp * dp > len(env.gpus):
+        raise PlanError(
+            f"vllm_tensor_parallel_size: {tp} x vllm_data_parallel_size: {dp} = {tp * dp} server "
+            f"GPUs but each node has {len(env.gpus)} ({','.join(env.gpus)}); the server runs on "
+            f"one node: lower vllm_data_parallel_size to {len(env.gpus) // tp} or less"
+        )
+    server_gpus = env.gpus[: tp * dp]
     if len(env.nodes) > 1:
         # vLLM owns the first node; the other nodes train on all of their GPUs.
         train_nodes, train_gpus = env.nodes[1:], env.gpus
     else:
-        train_nodes, train_gpus = env.nodes, env.gpus[tp:]
+        train_nodes, train_gpus = env.nodes, env.gpus[tp * dp :]
         if not train_gpus:
+            lower = "lower vllm_data_parallel_size, " if dp > 1 else ""
             raise PlanError(
-                f"use_vllm with vllm_mode: server needs {tp} GPU(s) for vLLM plus at least one to "
-                f"train, but the job has {len(env.gpus)} ({','.join(env.gpus)}); request "
-                f"{tp + 1}+ GPUs, or set vllm_mode: colocate"
+                f"use_vllm with vllm_mode: server needs {tp * dp} GPU(s) for vLLM plus at least "
+                f"one to train, but the job has {len(env.gpus)} ({','.join(env.gpus)}); request "
+                f"{tp * dp + 1}+ GPUs, {lower}or set vllm_mode: colocate"
             )
-    server = _server_plan(env.nodes[0], server_gpus, recipe, ports, env.python, device="gpu")
+    server = _server_plan(env.nodes[0], server_gpus, recipe, ports, env.python, "gpu", dp)
     return _gpu_plan(env, recipe, ports, server, train_nodes, train_gpus)
+
+
+def data_parallel_size(recipe: RecipeKeys, gpus_per_node: int, nodes: int) -> int:
+    """Server replicas: the recipe's vllm_data_parallel_size; unset, 1 on one node (the
+    other GPUs train) and the whole first node on several (no trainer runs there anyway)."""
+    if recipe.vllm_data_parallel_size is not None:
+        return recipe.vllm_data_parallel_size
+    if nodes > 1:
+        return max(gpus_per_node // recipe.vllm_tensor_parallel_size, 1)
+    return 1
 
 
 def _server_plan(
@@ -201,6 +234,7 @@ def _server_plan(
     ports: Ports,
     python: str,
     device: str,
+    dp: int,
 ) -> ServerPlan:
     """`vllm serve` with the settings TRL's trainers expect (as `trl vllm-serve` builds them).
 
@@ -219,7 +253,9 @@ def _server_plan(
         "--port",
         str(ports.vllm),
         "--tensor-parallel-size",
-        str(max(len(gpus), 1)),
+        str(recipe.vllm_tensor_parallel_size),
+        "--data-parallel-size",
+        str(dp),
         "--gpu-memory-utilization",
         str(recipe.vllm_server_gpu_memory_utilization),
         "--dtype",
@@ -250,6 +286,8 @@ def _server_plan(
         device=device,
         weight_sync=recipe.vllm_weight_sync,
         timeout=recipe.vllm_server_timeout,
+        tensor_parallel=recipe.vllm_tensor_parallel_size,
+        data_parallel=dp,
     )
 
 
@@ -409,6 +447,33 @@ def _gpu_plan(
         },
     )
     return Plan(device="gpu", server=server, train=train)
+
+
+def idle_gpus(env: Environment, plan: Plan, recipe: RecipeKeys) -> tuple[str, ...]:
+    """Per node, the GPUs that neither serve nor train, and how to put them to work."""
+    lines = []
+    t, s = plan.train, plan.server
+    # accelerate uses the first num_processes / num_machines visible GPUs of each node.
+    per_node = t.num_processes // max(t.num_machines, 1)
+    for node in env.nodes:
+        used = set(t.gpus[:per_node]) if node in t.nodes else set()
+        serves = s is not None and s.node == node and s.device == "gpu"
+        used |= set(s.gpus) if serves else set()
+        idle = [g for g in env.gpus if g not in used]
+        if not idle:
+            continue
+        if serves and node not in t.nodes:
+            tp = recipe.vllm_tensor_parallel_size
+            whole = len(env.gpus) // tp
+            hint = (
+                f"set vllm_data_parallel_size: {whole} (or unset it) to serve with the whole node"
+                if whole > s.data_parallel
+                else f"use a vllm_tensor_parallel_size that divides {len(env.gpus)}"
+            )
+        else:
+            hint = "unset num_processes, or raise it, to train on them"
+        lines.append(f"node {node} GPUs {','.join(idle)} ({hint})")
+    return tuple(lines)
 
 
 def parse_visible_devices(value: str | None) -> tuple[str, ...]:

