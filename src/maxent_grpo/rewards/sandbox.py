@@ -166,7 +166,7 @@ def isolation_problem() -> str | None:
     if result.stdout.strip() == "42":
         return None
     why = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.status
-    return f"bwrap cannot start a sandbox here (user namespaces refused?): {why[:200]}"
+    return f"bwrap cannot start a sandbox here (user namespaces disabled?): {why[:200]}"
 
 
 @functools.cache
@@ -185,7 +185,7 @@ def require(isolation: str) -> None:
     problem = isolation_problem()
     if problem:
         raise RewardError(
-            f"code rewards: {problem}; install it, or opt into the weaker in-process sandbox "
+            f"code rewards: {problem}; fix that, or opt into the weaker in-process sandbox "
             "with code_sandbox: weak (docs/code-rewards.md)"
         )
 
