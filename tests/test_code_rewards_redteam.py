@@ -25,7 +25,6 @@ pytestmark = [
         os.environ.get("MAXENT_GRPO_REDTEAM_TESTS") != "1",
         reason="red-team suite: make test-redteam",
     ),
-    pytest.mark.skipif(bool(isolation_problem()), reason=str(isolation_problem())),
 ]
 
 FAST = Limits(wall_seconds=3)
@@ -49,6 +48,11 @@ def code_score(code: str, cases: list[tuple[str, str]]) -> float:
 
 
 # ---- forged passes: python_unit_tests -----------------------------------------------------------
+
+
+def test_the_sandbox_runs_here():
+    """No attack: the suite means nothing without the sandbox, so a missing bwrap fails it."""
+    assert isolation_problem() is None
 
 
 def test_the_honest_baseline_scores():
