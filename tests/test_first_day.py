@@ -76,3 +76,16 @@ def test_where_a_run_is_logged_or_saved_does_not_change_training():
     assert changes_training("max_steps") and changes_training("learning_rate")
     for key in ("logging_steps", "save_steps", "report_to", "hang_timeout", "output_dir"):
         assert not changes_training(key)
+
+
+def test_sbatch_without_slurm_is_one_line(tmp_path, tiny_model):
+    recipe = small_recipe(tmp_path, tiny_model)
+    # A PATH with nothing on it: no sbatch even where this machine has Slurm.
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    result = run([MAXENT_GRPO, "sbatch", "--config", str(recipe), "--gpus", "0"], PATH=str(empty))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: maxent-grpo sbatch: sbatch is not on PATH; submit from a Slurm login node "
+        "(bash training.sh runs locally)"
+    ]

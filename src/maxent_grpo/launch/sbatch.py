@@ -6,6 +6,7 @@ this checks it before anything is queued.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -72,6 +73,11 @@ def submit_sbatch(request: RunRequest, args, command: list[str]) -> str:
     # full: a few seconds once on the login node, and a broken reward or column is refused
     # before the job waits in the queue, not when it starts.
     prepare(request, environment=planned_environment(args.nodes, args.gpus), full=True)
+    if shutil.which(command[0]) is None:
+        raise UserError(
+            "maxent-grpo sbatch: sbatch is not on PATH; submit from a Slurm login node "
+            "(bash training.sh runs locally)"
+        )
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
         reason = " ".join(result.stderr.split()) or f"exit code {result.returncode}"
