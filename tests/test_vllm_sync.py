@@ -18,12 +18,14 @@ from trl.generation.vllm_generation import VLLMGeneration  # noqa: F401 (FakeTra
 from maxent_grpo.errors import UserError
 from maxent_grpo.train.vllm_connect import deferred_generation_class
 from maxent_grpo.train.vllm_sync import (
+    POLICY_LAG_METRIC,
     WEIGHT_SYNC_METRIC,
     WEIGHTS_DIRNAME,
     VLLMSyncMixin,
     _SafetensorsWriter,
     check_weight_sync,
     disk_generation_class,
+    sync_due,
 )
 
 
@@ -73,6 +75,7 @@ class FakeTrainer:
         self.model = SimpleNamespace(training=True)
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self.syncs = 0
+        self.state = SimpleNamespace(global_step=0)
         self.vllm_generation = SimpleNamespace(sync_weights=self._sync)
 
     def _sync(self):
@@ -216,9 +219,54 @@ def test_the_wait_for_the_server_is_not_timed_as_a_sync(tmp_path):
 
     def slow_connect():
         connects.append(1)
-        time.sleep(0.3)  # the first use waits for a booting server
+        time.sleep(1.0)  # the first use waits for a booting server
 
     trainer.vllm_generation.connect = slow_connect
     trainer.vllm_generation.sync_weights()
     assert connects == [1] and trainer.syncs == 1
-    assert trainer._metrics["train"][WEIGHT_SYNC_METRIC][0] < 0.3
+    # The sync itself (a stand-in: milliseconds) is timed, not the 1 s wait for the server.
+    assert trainer._metrics["train"][WEIGHT_SYNC_METRIC][0] < 1.0
+
+
+# --- vllm_sync_interval_steps -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("step", "synced", "interval", "due"),
+    [
+        (5, None, 3, True),  # the first generation of a run (or of a resumed one) syncs
+        (5, 5, 1, True),  # interval 1: whenever TRL asks (it asks once per step)
+        (6, 5, 3, False),
+        (7, 5, 3, False),
+        (8, 5, 3, True),
+        (20, 5, 3, True),  # a step count that jumped past the interval
+    ],
+)
+def test_sync_due(step, synced, interval, due):
+    assert sync_due(step, synced, interval) is due
+
+
+def test_an_interval_skips_the_syncs_between_and_logs_the_policy_lag(tmp_path):
+    trainer = Trainer(model="m", args=args(tmp_path, vllm_sync_interval_steps=3))
+    trainer.accelerator = SimpleNamespace(is_main_process=False)
+    synced_at = []
+    for step in range(1, 9):  # TRL calls sync_weights at the first generation of each step
+        trainer.state.global_step = step
+        before = trainer.syncs
+        trainer.vllm_generation.sync_weights()
+        if trainer.syncs > before:
+            synced_at.append(step)
+    assert synced_at == [1, 4, 7]
+    assert trainer._metrics["train"][POLICY_LAG_METRIC] == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert len(trainer._metrics["train"][WEIGHT_SYNC_METRIC]) == 3
+
+
+def test_an_interval_without_the_importance_sampling_correction_is_refused():
+    from maxent_grpo.errors import ConfigError
+    from maxent_grpo.recipe.keys import GRPOConfig
+
+    base = dict(output_dir="/tmp/x", use_cpu=True, bf16=False, use_vllm=True, report_to=[])
+    base["vllm_sync_interval_steps"] = 4
+    assert GRPOConfig(**base).vllm_sync_interval_steps == 4  # correction on: TRL's default
+    with pytest.raises(ConfigError, match="vllm_importance_sampling_correction: true"):
+        GRPOConfig(**base, vllm_importance_sampling_correction=False)

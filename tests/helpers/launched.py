@@ -64,14 +64,14 @@ def outcomes(output_dir: Path) -> list[dict]:
 
 
 class Launched:
-    """`maxent-grpo run --config recipe --logs-dir folder/logs`, or the command `args` (which
-    then names its own logs dir), with output in folder/launcher.out."""
+    """`maxent-grpo run --config recipe --logs-dir folder/logs [flags]`, or the command `args`
+    (which then names its own logs dir), with output in folder/launcher.out."""
 
-    def __init__(self, folder: Path, recipe: Path | None = None, args=None, **env: str):
+    def __init__(self, folder: Path, recipe: Path | None = None, args=None, flags=(), **env: str):
         self.folder = Path(folder)
         self.output = self.folder / "launcher.out"
         logs = ["--logs-dir", str(self.folder / "logs")]
-        command = args or [MAXENT_GRPO, "run", "--config", str(recipe), *logs]
+        command = args or [MAXENT_GRPO, "run", "--config", str(recipe), *logs, *flags]
         self.started = time.monotonic()
         with open(self.output, "ab") as out:
             self.proc = subprocess.Popen(

@@ -70,3 +70,19 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.5, proc=None)
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(poll)
+
+
+# Seconds allowed beyond what a time-bounded behaviour needs, for what takes well under a
+# second idle (a process start or exit, a poll, a SIGTERM answered) but can be delayed by
+# seconds on a loaded 2-core machine. A bound is "the behaviour's own time + LOADED_MARGIN".
+LOADED_MARGIN = 15.0
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether a process has a handler installed for `signum` (its SigCgt mask in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) & (1 << (signum - 1)))

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from helpers.launched import Launched, outcomes, steps
-from helpers.procs import wait_until_gone
+from helpers.procs import wait_for, wait_until_gone
 from helpers.recipes import small_recipe, write_recipe
+from helpers.resume import assert_resumed_from, event_count
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, list_checkpoints
 
 pytestmark = pytest.mark.integration
@@ -50,11 +51,13 @@ def test_sigterm_to_every_process_checkpoints_the_last_completed_step(tmp_path, 
     left, _ = wait_until_gone(marker=str(tmp_path), timeout=20)
     assert not left, left
 
-    # The same command resumes from it.
-    write_recipe(tmp_path, base=tmp_path / "recipe.yaml", max_steps=step_of(checkpoint) + 2)
-    again = Launched(tmp_path, tmp_path / "recipe.yaml")
+    # The same command resumes from it (a shorter max_steps, accepted as a change).
+    step = step_of(checkpoint)
+    write_recipe(tmp_path, base=tmp_path / "recipe.yaml", max_steps=step + 2)
+    before = event_count(out)
+    again = Launched(tmp_path, tmp_path / "recipe.yaml", flags=["--accept-changes"])
     assert again.wait(timeout=300) == 0, again.text[-3000:]
-    assert f"Resuming from {checkpoint}" in again.logs()
+    assert_resumed_from(out, before, step, step + 2, log=again.logs())
 
 
 def test_grace_shorter_than_a_step_keeps_the_last_periodic_checkpoint(tmp_path, tiny_model):
@@ -66,22 +69,25 @@ def test_grace_shorter_than_a_step_keeps_the_last_periodic_checkpoint(tmp_path, 
     path = small_recipe(
         tmp_path, tiny_model, max_steps=2000, save_steps=2, reward_funcs=[slow], reward_weights=None
     )
-    run = Launched(tmp_path, path, SLOW_REWARD_AFTER_STEP="4", SLOW_REWARD_S="8")
-    run.wait_for_step(out, 4)
-    time.sleep(2)  # inside step 5, in the slow reward
+    mark = tmp_path / "slow_reward.mark"
+    env = dict(SLOW_REWARD_AFTER_STEP="4", SLOW_REWARD_S="8", SLOW_REWARD_MARK=str(mark))
+    run = Launched(tmp_path, path, **env)
+    wait_for(lambda: mark.is_file(), 240, "step 5's slow reward", 0.05, run.proc)
+    assert "sleeping in step 5" in mark.read_text()  # inside step 5, in the slow reward
     run.signal_all(signal.SIGTERM)
-    time.sleep(1)
+    time.sleep(1)  # Slurm's short grace before its SIGKILL: not a wait for a state
     run.signal_all(signal.SIGKILL)
     run.wait(timeout=30)
     left, _ = wait_until_gone(marker=str(tmp_path), timeout=20)
     assert not left, left
 
     assert [c.step for c in list_checkpoints(out) if c.complete][-1] == 4
-    checkpoint = last_complete_checkpoint(out)
+    assert last_complete_checkpoint(out) == out / "checkpoint-4"
     write_recipe(tmp_path, base=path, max_steps=6)
-    again = Launched(tmp_path, path)
+    before = event_count(out)
+    again = Launched(tmp_path, path, flags=["--accept-changes"])
     assert again.wait(timeout=300) == 0, again.text[-3000:]
-    assert f"Resuming from {checkpoint}" in again.logs()
+    assert_resumed_from(out, before, checkpoint=4, max_steps=6, log=again.logs())
 
 
 def test_a_killed_launcher_still_stops_its_run_gracefully(tmp_path, tiny_model):

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from helpers.procs import LOADED_MARGIN
 from maxent_grpo.launch.outcomes import (
     crash_outcome,
     from_exit_reports,
@@ -151,13 +152,14 @@ def test_watchdog_names_the_rank_that_stopped_beating(tmp_path):
     beats = [Heartbeat(tmp_path, rank) for rank in range(2)]
     for beat in beats:
         beat.beat("train_begin", 0)
-    watchdog = Watchdog(tmp_path / ".heartbeat", 2, timeout=0.6)
+    # 3 s: each round of beats below takes ~0.2 s, and up to seconds on a loaded machine.
+    watchdog = Watchdog(tmp_path / ".heartbeat", 2, timeout=3)
     for step in range(1, 4):  # both ranks progress
         for beat in beats:
             beat.step_done(step)
         assert watchdog.poll() is None
         time.sleep(0.2)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 3 + LOADED_MARGIN
     hang = None
     while hang is None and time.monotonic() < deadline:
         beats[0].step_done(9)  # rank 0 goes on, rank 1 is silent

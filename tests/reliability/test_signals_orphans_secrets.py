@@ -16,18 +16,19 @@ from pathlib import Path
 import pytest
 
 from helpers.paths import MAXENT_GRPO, REPO
-from helpers.procs import wait_until_gone
+from helpers.procs import catches, wait_for, wait_until_gone
 from helpers.recipes import small_recipe, write_recipe
+from helpers.resume import assert_resumed_from, event_count
 from helpers.runs import child_env
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
 
 pytestmark = pytest.mark.integration
 
 
-def launch(tmp_path: Path, path: Path, **env) -> subprocess.Popen:
+def launch(tmp_path: Path, path: Path, *flags: str, **env) -> subprocess.Popen:
     log = open(tmp_path / "launcher.out", "ab")
     return subprocess.Popen(
-        [MAXENT_GRPO, "run", "--config", str(path), "--logs-dir", str(tmp_path / "logs")],
+        [MAXENT_GRPO, "run", "--config", str(path), "--logs-dir", str(tmp_path / "logs"), *flags],
         cwd=REPO,
         env=child_env(**env),
         stdout=log,
@@ -107,12 +108,13 @@ def test_sigterm_checkpoints_at_the_next_step_and_resumes(tmp_path, tiny_model):
     assert "not requeued: not running under Slurm" in launcher_out(tmp_path)
     assert_nothing_left(tmp_path)
 
-    # The same command resumes from that checkpoint.
-    write_recipe(tmp_path, base=path, max_steps=int(checkpoint.name.split("-")[1]) + 2)
-    assert launch(tmp_path, path).wait(timeout=300) == 0
-    assert f"Resuming from {checkpoint}" in "".join(
-        p.read_text() for p in (tmp_path / "logs").glob("*_train.log")
-    )
+    # The same command resumes from that checkpoint (a shorter max_steps, accepted).
+    step = int(checkpoint.name.split("-")[1])
+    write_recipe(tmp_path, base=path, max_steps=step + 2)
+    before = event_count(tmp_path / "out")
+    assert launch(tmp_path, path, "--accept-changes").wait(timeout=300) == 0
+    logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("*_train.log"))
+    assert_resumed_from(tmp_path / "out", before, step, step + 2, log=logs)
     assert run_is_complete(tmp_path / "out")
 
 
@@ -136,7 +138,9 @@ def test_second_signal_stops_everything_at_once(tmp_path, tiny_model):
 
 def test_signal_during_startup_stops_before_training(tmp_path, tiny_model):
     proc = launch(tmp_path, small_recipe(tmp_path, tiny_model, max_steps=2000))
-    time.sleep(1.0)  # the launcher is still importing
+    # As soon as the launcher catches SIGUSR1 (its first handler is set once it has parsed its
+    # arguments; until then the signal would kill it): it is still importing, far from training.
+    wait_for(lambda: catches(proc.pid, signal.SIGUSR1), 60, "a SIGUSR1 handler", 0.02, proc)
     proc.send_signal(signal.SIGUSR1)
     assert proc.wait(timeout=180) == 85, launcher_out(tmp_path)[-3000:]
     assert "SIGUSR1 received" in launcher_out(tmp_path)

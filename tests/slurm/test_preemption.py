@@ -27,7 +27,7 @@ echo "attempt $attempt"
 trap 'echo "batch TERM $(date +%s.%N)"' TERM
 if [[ $attempt == 0 ]]; then
     srun --ntasks=1 bash -c \\
-        'trap "echo task TERM \\$(date +%s.%N); exit 0" TERM; sleep 300 & wait' &
+        'trap "echo task TERM \\$(date +%s.%N); exit 0" TERM; echo task ready; sleep 300 & wait' &
     wait
     # Keep the allocation until Slurm ends the grace time (bounded by the test's waits).
     for _ in 1 2 3 4 5 6; do sleep 20 & wait; done
@@ -52,9 +52,9 @@ def test_high_partition_preempts_then_requeues_a_debug_job(slurm_cluster, tmp_pa
     low = cluster.submit(
         ["-c", whole_node, "--requeue", "--open-mode=append", "-o", str(out), str(script)], tmp_path
     )
-    steps = ["squeue", "-h", "-s", "-j", low, "-o", "%i"]
-    wait_for(lambda: f"{low}.0" in cluster.run(steps).stdout, 30, "the low job's step", poll=0.25)
-    time.sleep(1)  # the step's task sets its trap
+    # The step's task has set its trap (it says so right after).
+    ready = lambda: out.is_file() and "task ready" in out.read_text()  # noqa: E731
+    wait_for(ready, 30, "the low job's task to set its trap", poll=0.25)
     (record,) = cluster.job_records(low)
     assert record["JobState"] == "RUNNING" and record["Partition"] == "debug", record
 

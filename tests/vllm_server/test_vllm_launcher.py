@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers.paths import MAXENT_GRPO, REPO
-from helpers.procs import wait_until_gone
+from helpers.procs import live_processes, wait_until_gone
 from helpers.recipes import SMOKE_VLLM, write_recipe
 from helpers.runs import child_env, log_history
 from maxent_grpo.rundir.checkpoints import run_is_complete
@@ -99,9 +99,9 @@ def test_training_sh_smoke_recipe_serves_trains_and_stops_everything(tmp_path, t
     assert "Application startup complete" in vllm_logs[0].read_text()
     assert len(list(logs.glob("*_train.log"))) == 1
 
-    left, waited = wait_until_gone({server_pid(run)}, marker=str(out), timeout=10)
+    # Gone by the time the launcher exited: looked at once, nothing waited for.
+    left = live_processes({server_pid(run)}, marker=str(out))
     assert not left, left
-    assert waited < 1  # gone by the time the launcher exited
 
 
 def test_trainer_crash_stops_the_server_and_leaves_no_process(tmp_path, tiny_model):
@@ -126,7 +126,7 @@ def test_trainer_crash_stops_the_server_and_leaves_no_process(tmp_path, tiny_mod
     measured("trainer crash (first rank exits) -> trainers exited", trainer_gone - crashed)
     measured("server stop (SIGTERM to its process group -> gone)", float(match.group(1)))
     measured("trainer crash -> launcher exit, server and trainers gone", teardown)
-    assert float(match.group(1)) < 5
+    assert float(match.group(1)) < 9  # by the SIGTERM, before the 10 s grace ends in SIGKILL
     assert teardown < 30
     assert not run_is_complete(out)
 
