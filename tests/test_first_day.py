@@ -9,11 +9,13 @@ recipe itself says max_steps 1.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
-from helpers.paths import MAXENT_GRPO
+from helpers.paths import MAXENT_GRPO, PYTHON, REPO
 from helpers.recipes import small_recipe
 from helpers.resume import assert_resumed_from, event_count
-from helpers.runs import run
+from helpers.runs import child_env, run
 from maxent_grpo.launch.resume import changes_training
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
 from maxent_grpo.rundir.settings import read_settings
@@ -89,3 +91,32 @@ def test_sbatch_without_slurm_is_one_line(tmp_path, tiny_model):
         "error: maxent-grpo sbatch: sbatch is not on PATH; submit from a Slurm login node "
         "(bash training.sh runs locally)"
     ]
+
+
+def test_the_entry_scripts_set_the_launchers_thread_default(tmp_path):
+    # runpy with another run_name: the script's imports and defaults, no training.
+    code = (
+        "import os, runpy, sys; runpy.run_path(sys.argv[1], run_name='x'); "
+        "print(os.environ['OMP_NUM_THREADS'])"
+    )
+    for script in ("src/grpo.py", "src/maxent-grpo.py"):
+        env = {k: v for k, v in child_env().items() if k != "OMP_NUM_THREADS"}
+        cpus = len(os.sched_getaffinity(0))
+        shared = subprocess.run(
+            [PYTHON, "-c", code, script],
+            cwd=REPO,
+            env={**env, "LOCAL_WORLD_SIZE": "2"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert shared.stdout.split()[-1] == str(max(1, cpus // 2))
+        kept = subprocess.run(
+            [PYTHON, "-c", code, script],
+            cwd=REPO,
+            env={**env, "OMP_NUM_THREADS": "3"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert kept.stdout.split()[-1] == "3"  # a user's own value wins
