@@ -151,3 +151,19 @@ def test_tally_metrics_name_each_filter():
     assert metrics["rollouts/kept_fraction/diverse"] == 1.0
     assert metrics["rollouts/rounds"] == 2.0
     assert metrics["rollouts/carried_in"] == 1.0
+
+
+def test_runs_and_plot_show_the_rollout_counts():
+    from maxent_grpo.runs.plot import series_keys
+    from maxent_grpo.runs.table import RunInfo, _progress, detail_text
+
+    metrics = StepTally(generated=8, kept=3, rounds=4, carried_in=1, trained=2).metrics(
+        {"nonzero_std": 3}
+    )
+    keys = series_keys([{"step": 1, "reward": 0.5, **metrics}])
+    assert "rollouts/kept_fraction/nonzero_std" in keys
+    assert "rollouts/groups_kept" in keys and "rollouts/rounds" in keys
+    info = RunInfo(run="r")
+    # The end-of-training summary comes last and has no rollout counts.
+    _progress(info, None, [{"step": 1, "metrics": metrics}, {"step": 1, "metrics": {}}])
+    assert detail_text(info) == "rollouts: 3/8 groups kept, 4 rounds, 1 carried"
