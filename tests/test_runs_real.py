@@ -280,7 +280,8 @@ def test_maxent_run_is_named_and_plotted(tmp_path, tiny_model):
     assert (row.run, row.method, row.state, row.step) == ("mx", "maxent", "completed", 3)
     plotted = run([MAXENT_GRPO, "plot", "mx"], cwd=tmp_path)
     assert plotted.returncode == 0, plotted.stderr
-    assert (tmp_path / "mx.png").read_bytes().startswith(PNG_SIGNATURE)
-    header = (tmp_path / "mx.csv").read_text().splitlines()[0].split(",")
+    # by default beside the run's output, not in the directory the command ran in
+    assert (tmp_path / "outputs" / "mx" / "mx.png").read_bytes().startswith(PNG_SIGNATURE)
+    header = (tmp_path / "outputs" / "mx" / "mx.csv").read_text().splitlines()[0].split(",")
     for key in ("maxent/weight_entropy", "maxent/ess", "maxent/beta", "maxent/tau"):
         assert key in header, header

@@ -30,6 +30,7 @@ EXPECTED = {
     "_generate_and_score_completions": ["self", "inputs"],
     "_compute_loss": ["self", "model", "inputs"],
     "_get_train_sampler": ["self", "dataset"],
+    "compute_loss": ["self", "model", "inputs", "return_outputs", "num_items_in_batch"],
 }
 
 
@@ -49,19 +50,6 @@ def test_grpo_trainer_builds_vllm_generation_through_its_module_global():
     assert "VLLMGeneration(" in inspect.getsource(GRPOTrainer.__init__)
 
 
-def test_grpo_trainer_loads_the_policy_then_the_reference_through_its_module_global():
-    """train/reference_model.py swaps `grpo_trainer.create_model_from_path` while
-    GRPOTrainer.__init__ runs: the first call (a model given as a path) loads the policy, the
-    second the reference."""
-    from trl.trainer.utils import create_model_from_path
-
-    assert grpo_trainer.create_model_from_path is create_model_from_path
-    source = inspect.getsource(GRPOTrainer.__init__)
-    policy = source.index("model = create_model_from_path(model, **model_init_kwargs)")
-    reference = source.index("self.ref_model = create_model_from_path(")
-    assert policy < reference and source.count("create_model_from_path(") == 2
-
-
 def test_vllm_generation_keeps_what_our_subclasses_use():
     """train/vllm_connect.py defers `_init_vllm`; train/vllm_sync.py calls these."""
     cls = vllm_generation.VLLMGeneration
@@ -75,3 +63,21 @@ def test_grpo_trainer_keeps_the_metrics_we_read_and_write():
     source = inspect.getsource(GRPOTrainer)
     assert 'self._metrics[mode]["kl"]' in source
     assert "self._metrics = {" in source
+
+
+def test_grpo_trainer_keeps_what_the_rollout_rounds_rely_on():
+    """train/rollout_mixin.py: `_prepare_inputs` generates once per generation batch through
+    `_generate_and_score_completions` and splits its output; the rounds read the reward
+    weights, EOS ids and tokenizer, and replace the reward metrics of the trained groups; a
+    skipped step drops the gradients in `on_pre_optimizer_step`."""
+    source = inspect.getsource(GRPOTrainer._prepare_inputs)
+    assert "self._generate_and_score_completions(generation_batch)" in source
+    assert "split_tensor_dict(generation_batch, self.args.steps_per_generation)" in source
+    init = inspect.getsource(GRPOTrainer.__init__)
+    for attribute in ("self.reward_weights", "self.eos_token_ids", "self._tokenizer"):
+        assert attribute in init, attribute
+    scoring = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for metric in ("reward", "reward_std", "frac_reward_zero_std"):
+        assert f'self._metrics[mode]["{metric}"]' in scoring, metric
+    epoch = inspect.getsource(transformers.Trainer._run_epoch)
+    assert epoch.index("on_pre_optimizer_step") < epoch.index("self.optimizer.step()")

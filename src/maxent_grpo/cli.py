@@ -218,7 +218,7 @@ def _add_runs_commands(sub) -> None:
     )
     plot = sub.add_parser("plot", help="plot a run's reward, KL, entropy, length (PNG + CSV)")
     plot.add_argument("run", help="run name (looked up under --outputs) or an output directory")
-    plot.add_argument("--out", default=None, help="PNG file (default: ./<run>.png)")
+    plot.add_argument("--out", default=None, help="PNG file (default: <output_dir>/<run>.png)")
     plot.add_argument("--csv", default=None, help="CSV file (default: the PNG's name, .csv)")
     plot.add_argument("--outputs", default="outputs", help="where run names are looked up")
 

@@ -35,6 +35,7 @@ from maxent_grpo.rundir.checkpoints import write_json_atomic
 from maxent_grpo.train.adaptive_kl import KLController
 from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin
 from maxent_grpo.train.data_order import EpochOrderMixin
+from maxent_grpo.train.rollout_mixin import RolloutMixin
 from maxent_grpo.train.vllm_sync import VLLMSyncMixin
 
 CONTROLLER_STATE_FILE = "maxent_controller_state.json"
@@ -267,8 +268,9 @@ class _MaxEntTrainerBase(trl.GRPOTrainer):
 
 
 class MaxEntGRPOTrainer(
-    CompleteCheckpointsMixin, EpochOrderMixin, VLLMSyncMixin, _MaxEntTrainerBase
+    CompleteCheckpointsMixin, RolloutMixin, EpochOrderMixin, VLLMSyncMixin, _MaxEntTrainerBase
 ):
     """MaxEnt-GRPO trainer, with the mixins of our GRPO trainer (train/grpo_trainer.py).
     CompleteCheckpointsMixin comes first so that a checkpoint is marked complete only after
-    every file, the controller state included, is on disk."""
+    every file, the controller state included, is on disk. RolloutMixin's rounds call
+    `_generate_and_score_completions` below once per round, so each round gets its weights."""

@@ -87,17 +87,6 @@ class ScriptArguments:
         default=None,
         metadata={"help": "System message put before every prompt (none when unset)."},
     )
-    prompt_template: str | None = field(
-        default=None,
-        metadata={
-            "help": "Text around each prompt, sent as plain text instead of chat messages (the "
-            "tokenizer's chat template is not applied): a template with a {prompt} placeholder "
-            "and, when system_prompt is set, a {system} one (literal braces written {{ }}), or "
-            "a named one of upstream maxent-grpo: 'r1' (the R1-Zero think/answer prompt), "
-            "'qwen_math' (Qwen's step-by-step \\boxed{} prompt), 'no' (the prompt alone). "
-            "Unset: chat messages."
-        },
-    )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["answer_match"],
         metadata={
@@ -303,6 +292,15 @@ class GRPOConfig(trl.GRPOConfig):
             "choices": ["nccl", "disk"],
         },
     )
+    vllm_sync_interval_steps: Annotated[int, Accepts(range=(">=", 1))] = field(
+        default=1,
+        metadata={
+            "help": "Push the trainer's weights into vLLM every N optimizer steps (1: before "
+            "every generation after a step). N > 1 saves N-1 of every N syncs but samples from "
+            "a policy up to N-1 steps old, which TRL's importance-sampling correction "
+            "(vllm_importance_sampling_correction, required then) reweights or masks."
+        },
+    )
     # TRL's key and meaning (seconds to wait for the server's /health), with a default that
     # fits big models: the launcher and the trainer both wait this long (its only default).
     vllm_server_timeout: Annotated[float, Accepts(range=(">", 0))] = field(
@@ -313,19 +311,6 @@ class GRPOConfig(trl.GRPOConfig):
         },
     )
 
-    reference_model_name_or_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "The KL reference model (a local model directory or a hub id), when it is "
-            "not the starting policy; used when beta > 0 (GRPO: beta or init_kl_coeff; "
-            "MaxEnt-GRPO: init_kl_coeff). Its tokenizer must have the policy's vocabulary. "
-            "Unset: a frozen copy of model_name_or_path."
-        },
-    )
-    reference_model_revision: str | None = field(
-        default=None,
-        metadata={"help": "Hub revision of reference_model_name_or_path (default: main)."},
-    )
     init_kl_coeff: Annotated[float, Accepts(range=(">=", 0))] = field(
         default=0.0,
         metadata={
@@ -355,7 +340,10 @@ class GRPOConfig(trl.GRPOConfig):
 
     def __post_init__(self):
         run_checks(
-            lambda: check_own_ranges(self), self._check_kl_coefficient, self._check_adaptive_kl
+            lambda: check_own_ranges(self),
+            self._check_kl_coefficient,
+            self._check_adaptive_kl,
+            self._check_sync_interval,
         )
         super().__post_init__()
 
@@ -375,6 +363,17 @@ class GRPOConfig(trl.GRPOConfig):
             )
         if self.init_kl_coeff > 0:
             self.beta = self.init_kl_coeff
+
+    def _check_sync_interval(self) -> None:
+        """Stale samples need TRL's correction: without it the loss takes them as on-policy."""
+        stale = self.vllm_sync_interval_steps > 1 and self.use_vllm
+        if stale and not self.vllm_importance_sampling_correction:
+            raise ConfigError(
+                f"vllm_sync_interval_steps: {self.vllm_sync_interval_steps} with "
+                "vllm_importance_sampling_correction: false: between syncs vLLM samples from an "
+                "older policy and nothing corrects for it; set "
+                "vllm_importance_sampling_correction: true, or vllm_sync_interval_steps: 1"
+            )
 
     def _check_adaptive_kl(self) -> None:
         if (self.kl_target is None) != (self.kl_horizon is None):

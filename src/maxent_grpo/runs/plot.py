@@ -48,6 +48,18 @@ PANELS = (
     Panel("MaxEnt weight entropy", ("maxent/weight_entropy",), "nats"),
     Panel("MaxEnt effective sample size", ("maxent/ess",), "ESS"),
     Panel("MaxEnt beta and tau", ("maxent/beta", "maxent/tau"), "", log_scale=True),
+    Panel(
+        "Rollout groups per step",
+        (
+            "rollouts/groups_generated",
+            "rollouts/groups_kept",
+            "rollouts/groups_trained",
+            "rollouts/carried_in",
+            "rollouts/rounds",
+        ),
+        "groups (rounds)",
+    ),
+    Panel("Kept fraction per filter", ("rollouts/kept_fraction/*",), "fraction of groups"),
 )
 _REWARD_FUNC_RE = re.compile(r"^rewards/(.+)/mean$")
 EVAL_PREFIX = "eval/"  # a benchmark's score in the history: eval/<benchmark>
@@ -160,8 +172,8 @@ def _panel_keys(panel: Panel, present) -> list[str]:
     for key in panel.keys:
         if key == "rewards/*/mean":
             keys += [k for k in present if _REWARD_FUNC_RE.match(k)]
-        elif key == "eval/*":
-            keys += sorted(k for k in present if k.startswith(EVAL_PREFIX))
+        elif key.endswith("/*"):  # eval/*, rollouts/kept_fraction/*
+            keys += sorted(k for k in present if k.startswith(key[:-1]))
         elif key in present:
             keys.append(key)
     return keys
@@ -206,6 +218,8 @@ def _label(key: str) -> str:
         return match[1]
     if key.startswith(EVAL_PREFIX):
         return key[len(EVAL_PREFIX) :]
+    if key.startswith("rollouts/"):
+        return key.rsplit("/", 1)[-1]
     return key.split("/", 1)[-1] if key.startswith("maxent/") else key
 
 
@@ -326,12 +340,13 @@ def plot_run(
     csv_path: str | os.PathLike | None = None,
     outputs: str | os.PathLike = "outputs",
 ) -> tuple[Path, Path, dict]:
-    """Plot one run; returns (png, csv, info). Default files: ./<run>.png and the CSV beside."""
+    """Plot one run; returns (png, csv, info). Default files: <output_dir>/<run>.png and the
+    CSV beside it (next to what they plot, not wherever the command ran)."""
     output_dir = resolve_output_dir(run, outputs)
     events = list(read_events(output_dir))
     history, source = load_history(output_dir, events)
     history = with_scores(history, events)
-    png = Path(png) if png is not None else Path(f"{output_dir.resolve().name}.png")
+    png = Path(png) if png is not None else output_dir / f"{output_dir.resolve().name}.png"
     csv_path = Path(csv_path) if csv_path is not None else png.with_suffix(".csv")
     keys = series_keys(history)
     png.parent.mkdir(parents=True, exist_ok=True)

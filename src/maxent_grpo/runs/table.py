@@ -75,6 +75,7 @@ class RunInfo:
     last_activity: float | None = None  # epoch seconds
     output_dir: str | None = None
     log: str | None = None  # latest train log
+    rollouts: str | None = None  # the last step's rollout counts, when filters are on
 
     def age(self, now: float) -> float | None:
         return None if self.last_activity is None else max(0.0, now - self.last_activity)
@@ -127,6 +128,8 @@ def _progress(info: RunInfo, out: OutputDir | None, steps: list[dict]) -> None:
         info.max_steps = steps[-1].get("max_steps")
         rewards = [s["metrics"]["reward"] for s in steps if "reward" in (s.get("metrics") or {})]
         info.reward = rewards[-1] if rewards else None
+        counted = [s["metrics"] for s in steps if "rollouts/rounds" in (s.get("metrics") or {})]
+        info.rollouts = _rollouts(counted[-1]) if counted else None
     if out is None:
         return
     if (last := out.last_complete) is not None:
@@ -139,6 +142,16 @@ def _progress(info: RunInfo, out: OutputDir | None, steps: list[dict]) -> None:
             info.max_steps = info.max_steps or state.max_steps
     if info.step is None and out.marker:
         info.step = out.marker.get("global_step")
+
+
+def _rollouts(metrics: dict) -> str:
+    """`rollouts: 3/8 groups kept, 2 rounds, 1 carried` of a step with rollout filters."""
+    text = (
+        f"rollouts: {metrics['rollouts/groups_kept']:g}/{metrics['rollouts/groups_generated']:g}"
+        f" groups kept, {metrics['rollouts/rounds']:g} rounds, "
+        f"{metrics['rollouts/carried_in']:g} carried"
+    )
+    return text + (", skipped" if metrics.get("rollouts/skipped") else "")
 
 
 def _attempts(info: RunInfo, attempts: list[Attempt], logs: Sequence[RunLog]) -> None:
@@ -222,6 +235,8 @@ def detail_text(run: RunInfo) -> str:
     if run.attempts > 1 and run.outcomes:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(run.outcomes.items(), key=lambda i: -i[1]))
         text = f"{text} (attempts: {counts})" if text else f"attempts: {counts}"
+    if run.rollouts:
+        text = f"{text}; {run.rollouts}" if text else run.rollouts
     return text
 
 

@@ -14,6 +14,8 @@ Recipe key `vllm_weight_sync` (recipe.keys.GRPOConfig), used with `use_vllm: tru
   output_dir must be readable by the server's node (a shared filesystem across nodes).
 
 Both modes log the seconds each sync took as the metric `vllm/weight_sync_seconds`.
+`vllm_sync_interval_steps: N` skips the syncs between every N optimizer steps (`sync_due`);
+`vllm/policy_lag_steps` is how many steps old the server's weights are at each generation.
 
 Trainers get this by including the mixin before TRL's trainer class:
 
@@ -41,6 +43,8 @@ from maxent_grpo.errors import UserError
 from maxent_grpo.train.vllm_connect import deferred_generation_class
 
 WEIGHT_SYNC_METRIC = "vllm/weight_sync_seconds"
+# Optimizer steps between the server's weights and the trainer's at each generation.
+POLICY_LAG_METRIC = "vllm/policy_lag_steps"
 WEIGHTS_DIRNAME = ".vllm_weights"
 # Tensors per safetensors file: bounds rank 0's extra CPU memory during a sync.
 SHARD_BYTES = 2 * 1024**3
@@ -211,6 +215,16 @@ def _vllm_generation_replaced(trainer_cls: type, factory):
                 module.VLLMGeneration = VLLMGeneration
 
 
+def sync_due(step: int, synced_step: int | None, interval: int) -> bool:
+    """Whether the generation at optimizer step `step` first pushes the weights.
+
+    The first one always does (`synced_step` None: a fresh or restarted server holds the base
+    model, a resumed trainer the checkpoint's weights); then every `interval` steps. Every
+    rank decides alike (the same step), as the gather of sharded weights needs all of them.
+    """
+    return interval <= 1 or synced_step is None or step - synced_step >= interval
+
+
 class VLLMSyncMixin:
     """Trainer mixin: `vllm_weight_sync` (nccl | disk) and the weight-sync time metric.
 
@@ -238,15 +252,24 @@ class VLLMSyncMixin:
     def _time_weight_sync(self) -> None:
         generation = self.vllm_generation
         sync = generation.sync_weights
+        interval = getattr(self.args, "vllm_sync_interval_steps", 1)
+        synced_step = None
 
         def timed_sync():
+            nonlocal synced_step
+            step = self.state.global_step
+            mode = "train" if self.model.training else "eval"
+            if not sync_due(step, synced_step, interval):
+                self._metrics[mode][POLICY_LAG_METRIC].append(step - synced_step)
+                return
             connect = getattr(generation, "connect", None)
             if connect is not None and self.accelerator.is_main_process:
                 connect()  # the first sync waits for the server: not part of its time
             start = time.perf_counter()
             sync()
             seconds = time.perf_counter() - start
-            mode = "train" if self.model.training else "eval"
+            synced_step = step
             self._metrics[mode][WEIGHT_SYNC_METRIC].append(seconds)
+            self._metrics[mode][POLICY_LAG_METRIC].append(0)
 
         generation.sync_weights = timed_sync
