@@ -50,6 +50,19 @@ def test_grpo_trainer_builds_vllm_generation_through_its_module_global():
     assert "VLLMGeneration(" in inspect.getsource(GRPOTrainer.__init__)
 
 
+def test_grpo_trainer_loads_the_policy_then_the_reference_through_its_module_global():
+    """train/reference_model.py swaps `grpo_trainer.create_model_from_path` while
+    GRPOTrainer.__init__ runs: the first call (a model given as a path) loads the policy, the
+    second the reference."""
+    from trl.trainer.utils import create_model_from_path
+
+    assert grpo_trainer.create_model_from_path is create_model_from_path
+    source = inspect.getsource(GRPOTrainer.__init__)
+    policy = source.index("model = create_model_from_path(model, **model_init_kwargs)")
+    reference = source.index("self.ref_model = create_model_from_path(")
+    assert policy < reference and source.count("create_model_from_path(") == 2
+
+
 def test_vllm_generation_keeps_what_our_subclasses_use():
     """train/vllm_connect.py defers `_init_vllm`; train/vllm_sync.py calls these."""
     cls = vllm_generation.VLLMGeneration

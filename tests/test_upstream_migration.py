@@ -17,7 +17,8 @@ import yaml
 from maxent_grpo import cli
 from maxent_grpo.recipe.migrate import behaviour_differences, migrate_text
 from maxent_grpo.recipe.migrations import MIGRATIONS, UPSTREAM_REWARDS
-from maxent_grpo.recipe.upstream_keys import ORIGIN
+from maxent_grpo.recipe.schema import method_keys
+from maxent_grpo.recipe.upstream_keys import KEPT, ORIGIN
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 UPSTREAM = sorted((FIXTURES / "upstream_maxent").glob("*.yaml"))
@@ -87,8 +88,11 @@ def test_upstream_keys_of_the_issue_have_their_fate():
         assert MIGRATIONS[key].target == target, key
     for key in ("eval_dataset_name", "eval_reward_funcs", "eval_reward_weights"):
         assert MIGRATIONS[key].action == "fold" and MIGRATIONS[key].target == "benchmarks"
-    for key in ("reference_model_name_or_path", "prompt_template"):
-        assert MIGRATIONS[key].why.startswith("not yet supported"), key
+    # built here: keys of ours with upstream's meaning, kept as they are
+    kept = {key for key, _ in KEPT}
+    assert kept == {"reference_model_name_or_path", "reference_model_revision", "prompt_template"}
+    assert not kept & set(MIGRATIONS)
+    assert kept <= set(method_keys("grpo")) and kept <= set(method_keys("maxent"))
     assert set(UPSTREAM_REWARDS) == {
         "pure_accuracy_math",
         "seed_paper_boxed_accuracy_math",
@@ -121,10 +125,14 @@ def test_listwise_recipe_becomes_method_maxent_with_its_evaluation_as_a_benchmar
     ]
     # upstream's kl_horizon counted optimizer steps: 500 x (8 x 8 x 7 completions)
     assert data["kl_horizon"] == 500 * 8 * 8 * 7
+    # kept: a reference model and a prompt template are built here
+    assert data["reference_model_name_or_path"] == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert data["prompt_template"] == "{system}\n\nProblem: {prompt}\n"
     differences = "\n".join(behaviour_differences(changes))
+    for key in ("reference_model_name_or_path", "prompt_template"):
+        assert key not in differences, key
+        assert not any(c.key == key for c in changes), key
     for key in (
-        "reference_model_name_or_path",
-        "prompt_template",
         "vllm_stop_sequences",
         "kl_ctl_step_size",
         "pure_accuracy_math",
@@ -174,7 +182,7 @@ def test_migrate_prints_the_behaviour_differences(tmp_path, workdir, vllm_instal
     )
     assert code == 0, out + err
     summary = out[out.index("behaviour differences") :]
-    assert "reference_model_name_or_path" in summary
+    assert "kl_ctl_step_size" in summary and "reference_model_name_or_path" not in summary
     assert "maxent_logprob_chunk_size" not in summary
 
 

@@ -114,6 +114,7 @@ def _upstream_rows(wanted) -> list[tuple[str, ...]]:
 def render_upstream() -> str:
     """The upstream MaxEnt-GRPO tables (included by docs/coming-from-upstream.md)."""
     from maxent_grpo.recipe.migrations import UPSTREAM_REWARDS, VALUE_CHANGES
+    from maxent_grpo.recipe.upstream_keys import KEPT
 
     header = (
         "Upstream key",
@@ -138,19 +139,9 @@ def render_upstream() -> str:
             lambda m: m.action == "fold",
         ),
         (
-            "Not yet supported",
-            "Effects users rely on that need trainer changes: left out, and "
-            "listed under behaviour differences when set.",
-            lambda m: m.action == "remove" and m.why.startswith("not yet supported"),
-        ),
-        (
             "Left out: a method or setting this toolkit does not have",
             "Listed under behaviour differences when the recipe's value changes training.",
-            lambda m: (
-                m.action == "remove"
-                and m.changes is not None
-                and not m.why.startswith("not yet supported")
-            ),
+            lambda m: m.action == "remove" and m.changes is not None,
         ),
         (
             "Left out: upstream's own machinery",
@@ -158,6 +149,9 @@ def render_upstream() -> str:
             lambda m: m.action == "remove" and m.changes is None,
         ),
     )
+    out += _section("Kept", "Keys here too, with upstream's meaning: `migrate` keeps them.")
+    rows = [(literal(key), inline(what)) for key, what in KEPT]
+    out += _table(("Upstream key", "What it does here"), rows)
     for title, intro, wanted in groups:
         out += _section(title, intro)
         out += _table(header, _upstream_rows(wanted))

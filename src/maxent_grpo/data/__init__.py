@@ -7,8 +7,8 @@ local file/directory (.jsonl .json .parquet .csv). `load_datasets` returns a `Da
 the keys `train` and, when a test split exists, `test`.
 
 Modules: `builtin` (generated datasets), `mixture` (the `dataset_mixture` schema), `load`
-(sources, columns, conversion, preflight). They read the recipe's `ScriptArguments` attributes
-directly: the defaults live in the dataclass only.
+(sources, columns, conversion, preflight), `prompt_template` (plain-text prompts). They read
+the recipe's `ScriptArguments` attributes directly: the defaults live in the dataclass only.
 """
 
 from maxent_grpo.data.builtin import (
@@ -32,16 +32,22 @@ from maxent_grpo.data.mixture import (
     MixtureEntry,
     parse_mixture,
 )
+from maxent_grpo.data.prompt_template import (
+    NAMED_TEMPLATES,
+    check_prompt_template,
+)
 
 __all__ = [
     "BUILTIN_COLUMNS",
     "BUILTIN_NAMES",
     "BUILTIN_PREFIX",
     "builtin_dataset",
+    "check_prompt_template",
     "DataError",
     "DatasetMixture",
     "load_datasets",
     "MixtureEntry",
+    "NAMED_TEMPLATES",
     "parse_mixture",
     "preflight_columns",
     "source_kind",

@@ -12,6 +12,7 @@ import datasets
 from maxent_grpo.data.builtin import BUILTIN_COLUMNS, BUILTIN_PREFIX, builtin_dataset
 from maxent_grpo.data.errors import DataError
 from maxent_grpo.data.mixture import DatasetMixture, MixtureEntry
+from maxent_grpo.data.prompt_template import render, resolve_template
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 ANSWER_COLUMN_OUT = "solution"  # reward functions receive the reference answer as `solution=`
@@ -147,18 +148,28 @@ def to_conversation(
     *,
     name: str = "the dataset",
     where: str = "dataset_name",
+    prompt_template: str | None = None,
 ) -> datasets.Dataset:
     """Map rows to TRL's conversational `prompt` plus a str `solution` (the reward kwarg).
 
-    The prompt column is dropped; other columns are kept. `answer_column=None` adds no solution.
+    With a `prompt_template` (data/prompt_template.py) the prompt is that template's plain
+    text instead. The prompt column is dropped; other columns are kept. `answer_column=None`
+    adds no solution.
     """
     check_columns(dataset.column_names, [prompt_column, answer_column], name, where)
+    template = None if prompt_template is None else resolve_template(prompt_template, system_prompt)
 
     def convert(row: dict, index: int) -> dict:
-        prompt = _messages(row[prompt_column], system_prompt)
+        value = row[prompt_column]
+        if template is not None and isinstance(value, str) and value.strip():
+            prompt = render(template, value, system_prompt)
+        elif template is None:
+            prompt = _messages(value, system_prompt)
+        else:
+            prompt = None  # a template needs the prompt's text, not a list of messages
         if prompt is None:
             raise DataError(
-                f"{where}: row {index} of {name} has prompt {row[prompt_column]!r} in column "
+                f"{where}: row {index} of {name} has prompt {value!r} in column "
                 f"{prompt_column!r}; it must be non-empty text, so filter such rows out"
             )
         if answer_column is None:
@@ -172,7 +183,7 @@ def to_conversation(
 
     # Explicit output types: `datasets` would otherwise cast a replaced column back to its old
     # type (e.g. the str answers of an int `solution` column back to int).
-    new = {"prompt": MESSAGES_FEATURE}
+    new = {"prompt": MESSAGES_FEATURE if template is None else datasets.Value("string")}
     if answer_column is not None:
         new[ANSWER_COLUMN_OUT] = datasets.Value("string")
     remove = [c for c in dataset.column_names if c in new or c == prompt_column]
@@ -283,6 +294,7 @@ def _convert(dataset: datasets.Dataset, args: Any, *, name: str, where: str) -> 
         args.system_prompt,
         name=name,
         where=where,
+        prompt_template=args.prompt_template,
     )
 
 

@@ -194,9 +194,11 @@ def _looks_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~", ".cache")) or os.path.exists(name)
 
 
-def check_model_path(model_name_or_path: str | None) -> None:
+def check_model_path(model_name_or_path: str | None, key: str = "model_name_or_path") -> None:
+    """A model the run loads (`key`: the recipe key naming it) is a hub id or a model
+    directory."""
     if not model_name_or_path:
-        raise ConfigError("model_name_or_path: not set; give a local model directory or a hub id")
+        raise ConfigError(f"{key}: not set; give a local model directory or a hub id")
     if _looks_local(model_name_or_path):
         path = Path(model_name_or_path).expanduser()
         if (path / "config.json").is_file():
@@ -205,14 +207,59 @@ def check_model_path(model_name_or_path: str | None) -> None:
             # A LoRA run's output: the vLLM server cannot load it and our LoRA path expects a
             # full base model, so it is refused here rather than at model load on the GPUs.
             raise ConfigError(
-                f"model_name_or_path: {model_name_or_path!r} is a PEFT adapter "
+                f"{key}: {model_name_or_path!r} is a PEFT adapter "
                 "(adapter_config.json), not a full model; merge it into its base model "
                 "(peft: AutoPeftModelForCausalLM.from_pretrained(dir).merge_and_unload()"
                 ".save_pretrained(out)) and give that directory"
             )
         raise ConfigError(
-            f"model_name_or_path: {model_name_or_path!r} is not a model directory "
+            f"{key}: {model_name_or_path!r} is not a model directory "
             "(no config.json); fix the path or use a hub id"
+        )
+
+
+REFERENCE = "reference_model_name_or_path"
+
+
+def check_same_vocabulary(policy: str, policy_revision, reference: str, reference_revision) -> None:
+    """The reference's tokenizer has the policy's vocabulary: the KL compares the two models'
+    log-probabilities of the same token ids. Loads both tokenizers (transformers)."""
+    from transformers import AutoTokenizer  # deferred: transformers is slow to import
+
+    vocabs = [
+        AutoTokenizer.from_pretrained(name, revision=revision).get_vocab()
+        for name, revision in ((policy, policy_revision), (reference, reference_revision))
+    ]
+    if vocabs[0] == vocabs[1]:
+        return
+    differ = sorted(set(vocabs[0].items()) ^ set(vocabs[1].items()))
+    raise ConfigError(
+        f"{REFERENCE}: {reference!r} has another tokenizer vocabulary than model_name_or_path "
+        f"{policy!r} ({len(vocabs[1])} vs {len(vocabs[0])} tokens, e.g. {differ[0][0]!r}); the "
+        "KL compares log-probabilities token by token, so use a reference with the policy's "
+        "tokenizer"
+    )
+
+
+def check_reference_model(training, model) -> None:
+    """reference_model_name_or_path: a model to load, not with PEFT (TRL's reference is then
+    the base model with the adapter off), with the policy's vocabulary when both are local
+    (a hub reference is compared in the trainer, train/reference_model.py)."""
+    reference = training.reference_model_name_or_path
+    if reference is None:
+        return
+    check_model_path(reference, REFERENCE)
+    if model is None:
+        return
+    if model.use_peft:
+        raise ConfigError(
+            f"{REFERENCE}: set with use_peft: a PEFT run's KL reference is the base model with "
+            f"the adapter off; unset {REFERENCE} or use_peft"
+        )
+    policy = model.model_name_or_path
+    if policy and _looks_local(policy) and _looks_local(reference):
+        check_same_vocabulary(
+            policy, model.model_revision, reference, training.reference_model_revision
         )
 
 
@@ -315,6 +362,16 @@ def check_recipe(recipe: Recipe) -> Recipe:
         if recipe.launch is not None:
             with problems.check("accelerate_config"):
                 check_launch(recipe.launch)
+        if script is not None:
+            from maxent_grpo.data import DataError, check_prompt_template
+
+            try:
+                check_prompt_template(script)
+            except DataError as exc:  # data/'s one-line error, one problem among the others
+                problems.add_error(exc, ["prompt_template"])
+        if training is not None and not problems.failed("model_name_or_path"):
+            with problems.check(REFERENCE):
+                check_reference_model(training, recipe.model)
         if script is not None and not problems.failed("dataset_mixture"):
             with problems.check("dataset_name", "dataset_prompt_column"):
                 _check_columns(script, mixture)
@@ -382,7 +439,7 @@ def check_launch(launch_args) -> None:
 def check_keys(keys: RecipeKeys, world_size: int) -> None:
     """The launcher's checks: what the values alone decide, without TRL, torch or datasets.
 
-    Batch arithmetic for `world_size` processes, model path, output_dir and accelerate_config
+    Batch arithmetic for `world_size` processes, model paths, output_dir and accelerate_config
     (ranges and choices were checked when the keys were read). Rewards, data columns,
     benchmarks and TRL's own `__post_init__` checks run in the trainers before a model is
     loaded, and in `maxent-grpo check` (check_recipe on the built recipe).
@@ -391,6 +448,9 @@ def check_keys(keys: RecipeKeys, world_size: int) -> None:
         batch_for_processes(dict(keys.values), world_size)
         with problems.check("model_name_or_path"):
             check_model_path(keys.model_name_or_path)
+        if keys.reference_model_name_or_path is not None:
+            with problems.check(REFERENCE):
+                check_model_path(keys.reference_model_name_or_path, REFERENCE)
         with problems.check("accelerate_config"):
             check_launch(keys.launch)
         with problems.check("output_dir"):

@@ -16,6 +16,7 @@ arithmetic is checked in `recipe.checks`.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -25,7 +26,7 @@ from typing import Annotated, Any
 import trl
 from trl import ModelConfig
 
-from maxent_grpo.errors import ConfigError
+from maxent_grpo.errors import ConfigError, ConfigProblems
 from maxent_grpo.recipe.converters import CONVERTERS
 from maxent_grpo.recipe.declare import Accepts, Package, check_own_ranges
 from maxent_grpo.recipe.problems import run_checks
@@ -86,6 +87,17 @@ class ScriptArguments:
     system_prompt: str | None = field(
         default=None,
         metadata={"help": "System message put before every prompt (none when unset)."},
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "Text around each prompt, sent as plain text instead of chat messages (the "
+            "tokenizer's chat template is not applied): a template with a {prompt} placeholder "
+            "and, when system_prompt is set, a {system} one (literal braces written {{ }}), or "
+            "a named one of upstream maxent-grpo: 'r1' (the R1-Zero think/answer prompt), "
+            "'qwen_math' (Qwen's step-by-step \\boxed{} prompt), 'no' (the prompt alone). "
+            "Unset: chat messages."
+        },
     )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["answer_match"],
@@ -264,6 +276,28 @@ _PASSED_SETTINGS = (
 )
 
 
+ROLLOUT_FILTERS = ("nonzero_std", "min_reward", "diverse", "length")
+
+
+def import_filter(name: str):
+    """A rollout filter's name checked: built in (None) or an importable callable."""
+    if name in ROLLOUT_FILTERS:
+        return None
+    if ":" not in name:
+        raise ConfigError(
+            f"rollout_filters: unknown filter {name!r}; built in: {', '.join(ROLLOUT_FILTERS)}, "
+            "or module:function"
+        )
+    module_name, _, attr = name.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"rollout_filters: cannot import {name!r} ({exc})") from None
+    if not callable(function):
+        raise ConfigError(f"rollout_filters: {name!r} is not callable")
+    return function
+
+
 @dataclass
 class GRPOConfig(trl.GRPOConfig):
     """TRL's GRPOConfig plus what our recipes need."""
@@ -311,6 +345,19 @@ class GRPOConfig(trl.GRPOConfig):
         },
     )
 
+    reference_model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "The KL reference model (a local model directory or a hub id), when it is "
+            "not the starting policy; used when beta > 0 (GRPO: beta or init_kl_coeff; "
+            "MaxEnt-GRPO: init_kl_coeff). Its tokenizer must have the policy's vocabulary. "
+            "Unset: a frozen copy of model_name_or_path."
+        },
+    )
+    reference_model_revision: str | None = field(
+        default=None,
+        metadata={"help": "Hub revision of reference_model_name_or_path (default: main)."},
+    )
     init_kl_coeff: Annotated[float, Accepts(range=(">=", 0))] = field(
         default=0.0,
         metadata={
@@ -338,14 +385,74 @@ class GRPOConfig(trl.GRPOConfig):
         },
     )
 
+    rollout_filters: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Group filters applied after scoring (docs/rollouts.md): a step trains only "
+            "on groups that pass all of them. Built in: nonzero_std (rewards differ), "
+            "min_reward (best reward >= rollout_min_reward), diverse (not all completions "
+            "identical), length (rollout_min_length..rollout_max_length tokens; "
+            "rollout_drop_truncated), or 'module:function(prompts, completions, rewards) -> bool'."
+        },
+    )
+    max_generation_rounds: Annotated[int, Accepts(range=(">=", 1))] = field(
+        default=1,
+        metadata={
+            "help": "While fewer groups than a step needs pass rollout_filters, generate again "
+            "from further prompts, at most this many rounds per step (1: one round, no retry)."
+        },
+    )
+    oversample_factor: Annotated[float, Accepts(range=(">=", 1))] = field(
+        default=1.0,
+        metadata={
+            "help": "The first round of a step generates this many times the prompts it needs; "
+            "surviving groups beyond the step's are carried over to the next step."
+        },
+    )
+    rollout_min_reward: float = field(
+        default=0.0, metadata={"help": "min_reward filter: the least best-reward of a group."}
+    )
+    rollout_min_length: Annotated[int, Accepts(range=(">=", 0))] = field(
+        default=0, metadata={"help": "length filter: fewest completion tokens."}
+    )
+    rollout_max_length: Annotated[int | None, Accepts(range=(">=", 1))] = field(
+        default=None, metadata={"help": "length filter: most completion tokens (unset: none)."}
+    )
+    rollout_drop_truncated: bool = field(
+        default=False,
+        metadata={"help": "length filter: drop a group with a completion cut at the length limit."},
+    )
+
     def __post_init__(self):
         run_checks(
             lambda: check_own_ranges(self),
             self._check_kl_coefficient,
             self._check_adaptive_kl,
             self._check_sync_interval,
+            self._check_rollouts,
         )
         super().__post_init__()
+
+    def _check_rollouts(self) -> None:
+        lines = []
+        for name in self.rollout_filters or []:
+            try:
+                import_filter(name)
+            except ConfigError as exc:
+                lines.append(str(exc))
+        steps = self.steps_per_generation or self.gradient_accumulation_steps
+        rollouts = self.rollout_filters or self.max_generation_rounds > 1
+        if (rollouts or self.oversample_factor > 1) and (
+            self.per_device_train_batch_size * steps
+        ) % self.num_generations:
+            lines.append(
+                f"per_device_train_batch_size x steps_per_generation: "
+                f"{self.per_device_train_batch_size} x {steps} is not a multiple of "
+                f"num_generations ({self.num_generations}); rollout_filters, "
+                "max_generation_rounds and oversample_factor need whole groups on each process"
+            )
+        if lines:
+            raise ConfigProblems("rollout_filters", lines)
 
     @property
     def world_size(self) -> int:

@@ -286,24 +286,6 @@ UPSTREAM = (
         None,
         None,
     ),
-    # --- not yet supported: needs trainer changes ---------------------------------------------
-    (
-        "reference_model_name_or_path",
-        "remove",
-        "not yet supported: a reference model other than "
-        "the starting policy; this run's KL reference is model_name_or_path",
-        None,
-        None,
-        _set,
-    ),
-    (
-        "reference_model_revision",
-        "remove",
-        "not yet supported (see reference_model_name_or_path)",
-        None,
-        None,
-        _set,
-    ),
     (
         "maxent_share_reference_model",
         "remove",
@@ -312,15 +294,6 @@ UPSTREAM = (
         None,
         None,
         _true,
-    ),
-    (
-        "prompt_template",
-        "remove",
-        "not yet supported: a template around each prompt; this run "
-        "renders system_prompt and the prompt with the tokenizer's chat template (chat_template)",
-        None,
-        None,
-        _set,
     ),
     # --- methods this toolkit does not have ---------------------------------------------------
     (
@@ -745,4 +718,21 @@ UPSTREAM = (
     ("advantage_clip", "remove", "advantages are not clipped here", None, None, _set),
     ("log_grad_norm_after_clip", "remove", "the logs here have TRL's grad_norm", None, None, None),
     ("log_kl_per_token", "remove", "the logs here have TRL's kl", None, None, None),
+)
+
+#: Upstream keys that are keys here too, with upstream's meaning: migrate keeps them as they
+#: are (the parser reads them); (key, what it does here). The docs list them.
+KEPT = (
+    (
+        "reference_model_name_or_path",
+        "the KL reference when beta > 0, instead of a frozen copy of the starting policy; "
+        "its tokenizer must have the policy's vocabulary (checked before the models load)",
+    ),
+    ("reference_model_revision", "the hub revision of reference_model_name_or_path"),
+    (
+        "prompt_template",
+        "upstream's named templates (r1, qwen_math, no) or a text with {prompt} (and {system}), "
+        "sent as a plain-text prompt; upstream's r1 also stopped generation at </answer>, which "
+        "here is vllm_stop_sequences' difference",
+    ),
 )

@@ -38,6 +38,7 @@ from maxent_grpo.rundir.events import emit
 from maxent_grpo.timers import timed
 from maxent_grpo.train.checkpoints import make_stop_callback
 from maxent_grpo.train.heartbeat import attach_heartbeat
+from maxent_grpo.train.reference_model import reference_model
 from maxent_grpo.train.wandb_run import export_wandb_run, make_wandb_step_callback
 
 
@@ -151,7 +152,7 @@ def _build_trainer(recipe, trainer_class):
     training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
     # load_datasets names the splits "train" and (when there is one) "test".
     eval_dataset = dataset.get("test") if training_args.eval_strategy != "no" else None
-    with _refused_values(recipe):
+    with _refused_values(recipe), reference_model(training_args, model_args):
         return trainer_class(
             model=model_args.model_name_or_path,
             reward_funcs=reward_funcs,
