@@ -613,7 +613,6 @@ UPSTREAM = (
         None,
         lambda v: v is False,
     ),
-    # vllm_sync_interval_steps is a key here too (recipe/keys.py), with upstream's meaning.
     # --- upstream's own machinery (cosmetic) --------------------------------------------------
     *(
         (key, "remove", _LOGPROBS, None, None, None)
@@ -720,6 +719,7 @@ UPSTREAM = (
     ("log_kl_per_token", "remove", "the logs here have TRL's kl", None, None, None),
 )
 
+
 #: Upstream keys that are keys here too, with upstream's meaning: migrate keeps them as they
 #: are (the parser reads them); (key, what it does here). The docs list them.
 KEPT = (
@@ -729,6 +729,11 @@ KEPT = (
         "its tokenizer must have the policy's vocabulary (checked before the models load)",
     ),
     ("reference_model_revision", "the hub revision of reference_model_name_or_path"),
+    (
+        "vllm_sync_interval_steps",
+        "the weights go to the vLLM server every N optimizer steps, as upstream's; with N > 1 "
+        "TRL's importance-sampling correction (required) reweights the older policy's samples",
+    ),
     (
         "prompt_template",
         "upstream's named templates (r1, qwen_math, no) or a text with {prompt} (and {system}), "
