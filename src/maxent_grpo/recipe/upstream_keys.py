@@ -720,8 +720,8 @@ UPSTREAM = (
 )
 
 
-#: Upstream keys that are keys here too, with upstream's meaning: migrate keeps them as they
-#: are (the parser reads them); (key, what it does here). The docs list them.
+#: Upstream keys that are keys here too, with upstream's meaning, which migrate keeps as they
+#: are (the parser reads them). Each row is (key, what it does here); the docs list them.
 KEPT = (
     (
         "reference_model_name_or_path",
