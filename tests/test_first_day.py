@@ -16,6 +16,8 @@ from helpers.paths import MAXENT_GRPO, PYTHON, REPO
 from helpers.recipes import small_recipe
 from helpers.resume import assert_resumed_from, event_count
 from helpers.runs import child_env, run
+from maxent_grpo.errors import ConfigProblems, UserError
+from maxent_grpo.launch.launcher import RunRequest, prepare
 from maxent_grpo.launch.resume import changes_training
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
 from maxent_grpo.rundir.settings import read_settings
@@ -120,3 +122,51 @@ def test_the_entry_scripts_set_the_launchers_thread_default(tmp_path):
             check=True,
         )
         assert kept.stdout.split()[-1] == "3"  # a user's own value wins
+
+
+def _problems(recipe) -> list[str]:
+    try:
+        prepare(RunRequest(recipe=str(recipe)), packages=False)
+    except ConfigProblems as exc:
+        return list(exc.problems)
+    except UserError as exc:
+        return [str(exc)]
+    return []
+
+
+def test_local_data_and_reward_names_are_checked_before_launch(tmp_path, tiny_model):
+    """What `check` finds in the data and rewards, the launcher finds too, in one pass and
+    without loading the data (issue 26.3): the trainers never start."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "1+1", "solution": "2"}\n')
+    table = tmp_path / "rows.csv"
+    table.write_text("problem,solution\n1+1,2\n")
+    good = small_recipe(tmp_path, tiny_model, name="good.yaml", dataset_name=str(table))
+    assert _problems(good) == []
+    typo = small_recipe(
+        tmp_path,
+        tiny_model,
+        name="typo.yaml",
+        dataset_name=str(rows),
+        reward_funcs=["digit_fractoin"],
+        reward_weights=[1.0],
+    )
+    found = _problems(typo)
+    assert len(found) == 2, found
+    assert f"dataset_name: column 'problem' not in {rows} (columns: question, solution)" in found[0]
+    assert "unknown reward 'digit_fractoin'" in found[1]
+    mixture = {"datasets": [{"path": str(table), "columns": ["problem", "answer"]}]}
+    mixed = small_recipe(
+        tmp_path, tiny_model, name="mix.yaml", dataset_name=None, dataset_mixture=mixture
+    )
+    assert "dataset_mixture.datasets[0]: column 'answer' not in" in _problems(mixed)[0]
+
+    # Through the command: one line, exit 2, before any process starts.
+    missing = small_recipe(tmp_path, tiny_model, name="missing.yaml", dataset_name="./nope.jsonl")
+    result = run([MAXENT_GRPO, "run", "--config", str(missing)])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: {missing}: dataset_name: ./nope.jsonl does not exist; fix the path "
+        f"(relative to {REPO})"
+    ]
+    assert not (tmp_path / "out").exists()

@@ -591,12 +591,19 @@ def test_a_user_error_is_recorded_in_the_run_it_names(tmp_path):
     from maxent_grpo.errors import UserError
     from maxent_grpo.launch.attempt import Attempt
     from maxent_grpo.launch.launcher import RunRequest
-    from maxent_grpo.rundir.events import read_events
+    from maxent_grpo.rundir.events import emit, read_events
 
     path = write_recipe(tmp_path, num_generation=4)  # typo: unknown key
     attempt = Attempt(RunRequest(str(path), logs_dir=tmp_path / "logs"), environ={})
     with pytest.raises(UserError, match="unknown key 'num_generation'"):
         attempt.run()
-    (event,) = read_events(tmp_path / "out")
+    # A start that never began leaves no run behind (issue 26.4) ...
+    assert not (tmp_path / "out").exists() and not (tmp_path / "logs").exists()
+    # ... a run that exists gets the error in its event log.
+    emit(tmp_path / "out", "stop_request", reason="an earlier attempt")
+    attempt = Attempt(RunRequest(str(path), logs_dir=tmp_path / "logs"), environ={})
+    with pytest.raises(UserError, match="unknown key 'num_generation'"):
+        attempt.run()
+    _, event = read_events(tmp_path / "out")
     assert event["event"] == "outcome" and event["outcome"] == "user_error"
     assert "unknown key 'num_generation'" in event["reason"] and event["code"] == 2

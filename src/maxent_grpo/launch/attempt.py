@@ -64,7 +64,7 @@ from maxent_grpo.rundir.checkpoints import (
     stop_request_reason,
     stop_requested,
 )
-from maxent_grpo.rundir.events import emit
+from maxent_grpo.rundir.events import emit, events_path
 from maxent_grpo.rundir.heartbeat import clear_heartbeats, heartbeat_dir
 from maxent_grpo.rundir.settings import RunSettings, read_settings, write_settings
 from maxent_grpo.vllm_health import ServerWaitCancelled
@@ -209,8 +209,11 @@ class Attempt:
             if marker is not None:
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.write_text(f"{exc}\n")
-            # Leave the error where `maxent-grpo runs` looks: the run's event log (when the
-            # recipe names an output_dir) and a train log of this attempt.
+            # A start refused before anything ran (a flag typo, a missing file) leaves no run
+            # behind: the line above is all there is. A run that exists already gets the error
+            # where `maxent-grpo runs` looks: its event log and a train log of this attempt.
+            if not self._run_exists():
+                raise
             self._emit_user_error(str(exc))
             name = self.request.run_name or _output_name(self.request)
             error_log = log_path(self.request.logs_dir, name, "train", self.environ)
@@ -289,6 +292,11 @@ class Attempt:
             clear_run_complete(self.output_dir)
         if recorded is None or changed:
             write_settings(self.output_dir, settings_of(keys, self.request))
+
+    def _run_exists(self) -> bool:
+        """Whether an earlier attempt of this run left its event log."""
+        output_dir = declared_output_dir(self.request)
+        return output_dir is not None and events_path(output_dir).is_file()
 
     def _emit_user_error(self, reason: str) -> None:
         output_dir = declared_output_dir(self.request)

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from maxent_grpo.errors import UserError
+from maxent_grpo.launch.local_data import check_local_data, check_reward_names
 from maxent_grpo.launch.overrides import EnvOverrides, env_overrides
 from maxent_grpo.launch.plan import Environment, Plan, Ports, make_plan, parse_visible_devices
 from maxent_grpo.launch.processes import free_port, slurm_nodes
 from maxent_grpo.launch.requirements import check_installed
 from maxent_grpo.recipe import RecipeKeys, build_recipe, read_recipe
 from maxent_grpo.recipe.checks import check_keys, check_recipe
-from maxent_grpo.recipe.problems import rule
+from maxent_grpo.recipe.problems import collecting, rule
 from maxent_grpo.timers import timed
 from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
 
@@ -130,8 +131,20 @@ def prepare(
         if full:
             _build_and_check(keys, plan)
         else:
-            check_keys(keys, plan.train.num_processes)
+            with collecting(keys.path):  # every problem in one pass, as `check` reports them
+                check_keys(keys, plan.train.num_processes)
+                _check_data_and_rewards(keys)
     return Prepared(keys=keys, plan=plan, notes=overrides.notes)
+
+
+def _check_data_and_rewards(keys: RecipeKeys) -> None:
+    """What `check` finds in the data and rewards, told before launch rather than by every
+    trainer: local files and their columns (read from their heads), reward names."""
+    with collecting(keys.path) as problems:
+        with problems.check("dataset_name", "dataset_mixture", "dataset_prompt_column"):
+            check_local_data(keys.values)
+        with problems.check("reward_funcs"):
+            check_reward_names(keys.values.get("reward_funcs"))
 
 
 def _build_and_check(keys: RecipeKeys, plan: Plan) -> None:
