@@ -50,6 +50,10 @@ class _SkipOptimizerStep(TrainerCallback):
 
 
 class RolloutMixin:
+    """Rollout filters, generation rounds and carry-over (docs/rollouts.md), mixed in after
+    CompleteCheckpointsMixin (its state file is written before the checkpoint's marker) and
+    before TRL's or MaxEnt's trainer (each round calls theirs)."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         config = self.args
@@ -65,6 +69,7 @@ class RolloutMixin:
         )
         self._carried: list[tuple[dict, list[float]]] = []
         self._reserve_position = 0
+        self._reserve_order: tuple[int, list[int]] = (-1, [])
         self._round_capture = None
         self._rollout_skip = False
         if self._rollouts_on:
@@ -87,9 +92,13 @@ class RolloutMixin:
         rows = []
         for offset in range(rank * groups, (rank + 1) * groups):
             position = self._reserve_position + offset
-            order = list(range(size))
-            random.Random(self.args.seed + 1 + position // size).shuffle(order)
-            rows.extend([self.train_dataset[order[position % size]]] * self.num_generations)
+            epoch = position // size
+            if self._reserve_order[0] != epoch:  # a new pass over the data, a new order
+                order = list(range(size))
+                random.Random(self.args.seed + 1 + epoch).shuffle(order)
+                self._reserve_order = (epoch, order)
+            row = self.train_dataset[self._reserve_order[1][position % size]]
+            rows.extend(dict(row) for _ in range(self.num_generations))
         self._reserve_position += groups * world
         return rows
 
@@ -225,6 +234,9 @@ class RolloutMixin:
                 sum(map(len, trained_rewards)),
             ]
         )
+        generated = metrics["reward"][marks["reward"] :]
+        if generated:  # the mean reward of everything generated, before the filters
+            metrics["rollouts/reward_generated"].append(sum(generated) / len(generated))
         for name, mark in marks.items():
             del metrics[name][mark:]
         mean = total / max(count, 1)
