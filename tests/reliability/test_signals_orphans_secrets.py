@@ -128,7 +128,11 @@ def test_second_signal_stops_everything_at_once(tmp_path, tiny_model):
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 85
-    assert "SIGINT again: stopping everything now" in launcher_out(tmp_path)
+    out = launcher_out(tmp_path)
+    assert "SIGINT again: stopping everything now" in out
+    # One line says it (issue 26.3): the killed processes' tracebacks stay in the train log.
+    assert "Traceback" not in out and "training exited with code" not in out, out[-3000:]
+    assert "training stopped by the second SIGINT" in out
     assert_nothing_left(tmp_path)
     # Whatever the kill interrupted, resume never sees an incomplete checkpoint as complete.
     checkpoint = last_complete_checkpoint(tmp_path / "out")

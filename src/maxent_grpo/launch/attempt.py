@@ -134,6 +134,9 @@ class _Signals:
             return
         if self.attempt.stop_reason is not None and signum != signal.SIGUSR1:
             print(f"{name} again: stopping everything now", flush=True)
+            self.attempt.forced = name
+            if self.attempt.trainer is not None:
+                self.attempt.trainer.mute()  # the log keeps the killed processes' tracebacks
             self.attempt.abort()
             return
         print(f"{name} received: checkpointing at the next step boundary", flush=True)
@@ -163,6 +166,7 @@ class Attempt:
         self.stop_signal: int | None = None
         self.finishing = False  # training is over; the outcome is being recorded
         self.late_signal: int | None = None  # a stop signal that came while finishing
+        self.forced: str | None = None  # the repeated signal that stopped everything at once
         self.output_dir: Path | None = None
         self.trainer: Child | None = None
         self.server = None
@@ -258,7 +262,11 @@ class Attempt:
             raise
         finally:
             self._end_processes(watched, train_log)
-        print(f"training exited with code {watched.code} after {time.monotonic() - started:.1f}s")
+        elapsed = time.monotonic() - started
+        if self.forced:  # the exit code is the kill's, not a failure of training
+            print(f"training stopped by the second {self.forced} after {elapsed:.1f}s")
+        else:
+            print(f"training exited with code {watched.code} after {elapsed:.1f}s")
         print(f"log: {train_log}")
         outcome = self._classify(watched, previous, train_log)
         return self._finish(outcome, recipe.max_requeues, marker)

@@ -99,8 +99,7 @@ def _check_columns(available, required, name: str, where: str, fix: str) -> None
     for column in required:
         if column is not None and column not in available:
             raise ConfigError(
-                f"{where}: column {column!r} not in {name} "
-                f"(columns: {', '.join(available)}); {fix}"
+                f"{where}: column {column!r} not in {name} (columns: {', '.join(available)}); {fix}"
             )
 
 

@@ -88,6 +88,7 @@ class Child:
         )
         self._pump = None
         self._done = threading.Event()
+        self._muted = threading.Event()
         self._known: dict[int, int] = {}  # pid -> start time of every process seen in the tree
         if echo:
             self._pump = threading.Thread(target=self._echo, args=(start,), daemon=True)
@@ -101,13 +102,18 @@ class Child:
             while True:
                 finished = self._done.is_set()
                 chunk = log.read(1 << 16)
-                if chunk:
+                if chunk and not self._muted.is_set():
                     out.write(chunk)
                     out.flush()
                 elif finished:
                     return
                 else:
                     time.sleep(0.1)
+
+    def mute(self) -> None:
+        """Stop echoing the log (it still gets everything): what a stop the user forced makes
+        the children print (torchrun's SignalException traceback) is noise on the terminal."""
+        self._muted.set()
 
     def _end_echo(self) -> None:
         self._done.set()
