@@ -201,11 +201,13 @@ class RolloutMixin:
         if self._rollout_skip:
             logger.warning(
                 "rollouts: step %d skipped: a process kept no usable group after %d rounds "
-                "(%d of %d groups kept; carried over)",
+                "(%d of %d groups kept; %d carried over, %d dropped); weights unchanged",
                 step,
                 tally.rounds,
                 tally.kept,
                 tally.generated,
+                tally.carried_out,
+                tally.dropped,
             )
             return batch
         if tally.trained < needed_total:
