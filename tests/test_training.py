@@ -49,6 +49,8 @@ def test_launcher_runs_smoke_recipe_on_two_cpu_processes(tmp_path, tiny_model):
     assert sorted(step_logs(out)) == [1, 2, 3, 4]
     (log,) = logs.glob("out_*_train.log")
     assert "Training complete" in log.read_text()
+    # DDP is not asked to search for unused parameters (every one is used): no warning per rank.
+    assert "find_unused_parameters=True" not in log.read_text() + result.stderr
 
     # A second start on a completed run does nothing and says so.
     again = run([MAXENT_GRPO, "run", "--config", str(recipe), "--logs-dir", str(logs)])

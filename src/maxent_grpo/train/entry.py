@@ -150,6 +150,11 @@ def _build_trainer(recipe, trainer_class):
     )
     tokenizer = load_tokenizer(model_args, training_args)
     training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
+    # A text model uses every trainable parameter in each step, so DDP's search for unused
+    # ones (transformers turns it on when gradient checkpointing is off) only costs a graph
+    # walk per step and prints a warning on each rank. A recipe may still set it.
+    if training_args.ddp_find_unused_parameters is None:
+        training_args.ddp_find_unused_parameters = False
     # load_datasets names the splits "train" and (when there is one) "test".
     eval_dataset = dataset.get("test") if training_args.eval_strategy != "no" else None
     with _refused_values(recipe), reference_model(training_args, model_args):
