@@ -440,3 +440,20 @@ def test_numeric_string_settings_are_coerced():
         ["soft_overlong_punishment"], overlong_max_length="20", overlong_buffer="10"
     )
     assert func(["x" * 15]) == [-0.5]
+
+
+def test_math_rewards_print_no_timeout_warning():
+    """math-verify warns once per process that its timeout is off; ours is the reward guard's,
+    so every trainer and eval process would print a line the user cannot act on."""
+    import subprocess
+    import sys
+
+    script = (
+        "import logging; logging.basicConfig()\n"
+        "from maxent_grpo.rewards.builtin import accuracy\n"
+        "print(accuracy([[{'content': '<answer>\\\\frac{1}{2}</answer>'}]], solution=['$0.5$']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[1.0]"
+    assert "Timeout is disabled" not in done.stderr

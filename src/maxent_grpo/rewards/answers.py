@@ -11,7 +11,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from latex2sympy2_extended import NormalizationConfig
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, grader, parse, verify
+from math_verify import parser as math_verify_parser
+
+# Its signal-based timeouts are off here (see _parse); the reward guard (rewards/guard.py)
+# bounds a reward's time instead, so math-verify's "Timeout is disabled" warning, printed
+# once per process (every eval and trainer process), says nothing a user can act on.
+math_verify_parser.TIMEOUT_WARNING_SHOWN = True
+grader.TIMEOUT_WARNING_SHOWN = True
 
 # Content of an <answer> block that contains no nested "<answer>" opening tag, so that
 # "<answer>1<answer>2</answer>" yields "2" rather than "1<answer>2".
