@@ -28,6 +28,8 @@ EXPECTED = {
     "_generate": ["self", "prompts"],
     "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
     "_generate_and_score_completions": ["self", "inputs"],
+    "_prepare_inputs": ["self", "generation_batch"],
+    "training_step": ["self", "model", "inputs", "num_items_in_batch"],
     "_compute_loss": ["self", "model", "inputs"],
     "_get_train_sampler": ["self", "dataset"],
     "compute_loss": ["self", "model", "inputs", "return_outputs", "num_items_in_batch"],

@@ -36,6 +36,7 @@ from maxent_grpo.train.adaptive_kl import KLController
 from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin
 from maxent_grpo.train.data_order import EpochOrderMixin
 from maxent_grpo.train.rollout_mixin import RolloutMixin
+from maxent_grpo.train.step_time import StepTimeMixin
 from maxent_grpo.train.vllm_sync import VLLMSyncMixin
 
 CONTROLLER_STATE_FILE = "maxent_controller_state.json"
@@ -268,7 +269,12 @@ class _MaxEntTrainerBase(trl.GRPOTrainer):
 
 
 class MaxEntGRPOTrainer(
-    CompleteCheckpointsMixin, RolloutMixin, EpochOrderMixin, VLLMSyncMixin, _MaxEntTrainerBase
+    CompleteCheckpointsMixin,
+    RolloutMixin,
+    EpochOrderMixin,
+    StepTimeMixin,
+    VLLMSyncMixin,
+    _MaxEntTrainerBase,
 ):
     """MaxEnt-GRPO trainer, with the mixins of our GRPO trainer (train/grpo_trainer.py).
     CompleteCheckpointsMixin comes first so that a checkpoint is marked complete only after

@@ -60,6 +60,13 @@ PANELS = (
         "groups (rounds)",
     ),
     Panel("Kept fraction per filter", ("rollouts/kept_fraction/*",), "fraction of groups"),
+    Panel(
+        "Time per step",
+        # not the server's start (time/server_start_s): once, and it would dwarf the steps
+        tuple(f"time/{part}_s" for part in ("generation", "rewards", "training", "sync", "other")),
+        "seconds (stacked)",
+    ),
+    Panel("Busy share", ("time/trainer_busy", "time/server_busy"), "share of the step"),
 )
 _REWARD_FUNC_RE = re.compile(r"^rewards/(.+)/mean$")
 EVAL_PREFIX = "eval/"  # a benchmark's score in the history: eval/<benchmark>
@@ -220,6 +227,8 @@ def _label(key: str) -> str:
         return key[len(EVAL_PREFIX) :]
     if key.startswith("rollouts/"):
         return key.rsplit("/", 1)[-1]
+    if key.startswith("time/"):
+        return key[len("time/") :].removesuffix("_s")
     return key.split("/", 1)[-1] if key.startswith("maxent/") else key
 
 
@@ -245,6 +254,9 @@ def _plot_panel(ax, panel: Panel, keys: Sequence[str], history: Sequence[dict], 
         if mean:
             ax.plot(xs, mean, marker=marker, ms=3, label="mean")
         return
+    if panel.title == "Time per step":
+        _stacked(ax, keys, history)
+        return
     positive = True
     for key in keys:
         xs, ys = _points(history, key)
@@ -252,10 +264,23 @@ def _plot_panel(ax, panel: Panel, keys: Sequence[str], history: Sequence[dict], 
         style = {"lw": 2.0} if key == "reward" else {"lw": 1.2, "alpha": 0.85}
         dots = "o" if key.startswith(EVAL_PREFIX) else marker  # a few points: always marked
         ax.plot(xs, ys, marker=dots, ms=3, label=_label(key), **style)
+    if panel.title == "Busy share":
+        ax.set_ylim(0, 1.05)
     if panel.log_scale and positive:
         ax.set_yscale("log")
     if keys and keys[0].startswith(EVAL_PREFIX):
         ax.set_ylim(-0.05, 1.05)  # a pass@k score
+
+
+def _stacked(ax, keys: Sequence[str], history: Sequence[dict]) -> None:
+    """The parts of each step's time stacked, so the top line is the step's wall clock."""
+    xs = [int(h["step"]) for h in history if "time/step_s" in h]
+    if not xs:
+        return
+    rows = [h for h in history if "time/step_s" in h]
+    parts = [[float(h.get(key) or 0.0) for h in rows] for key in keys]
+    ax.stackplot(xs, parts, labels=[_label(k) for k in keys], alpha=0.8)
+    ax.set_ylim(bottom=0)
 
 
 def _dress(ax, panel: Panel, steps: Sequence[int], resumes: Sequence[int], first: bool) -> None:
@@ -274,7 +299,7 @@ def _dress(ax, panel: Panel, steps: Sequence[int], resumes: Sequence[int], first
     labeled = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
     if first and len(labeled) > 1:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    elif len(labeled) > 1 or panel.title == "Completion length":
+    elif len(labeled) > 1 or panel.title in ("Completion length", "Time per step", "Busy share"):
         ax.legend(fontsize=7, loc="best", framealpha=0.6)
 
 

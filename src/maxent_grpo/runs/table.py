@@ -76,6 +76,7 @@ class RunInfo:
     output_dir: str | None = None
     log: str | None = None  # latest train log
     rollouts: str | None = None  # the last step's rollout counts, when filters are on
+    time_split: str | None = None  # where the last step's time went (train/step_time.py)
 
     def age(self, now: float) -> float | None:
         return None if self.last_activity is None else max(0.0, now - self.last_activity)
@@ -130,6 +131,8 @@ def _progress(info: RunInfo, out: OutputDir | None, steps: list[dict]) -> None:
         info.reward = rewards[-1] if rewards else None
         counted = [s["metrics"] for s in steps if "rollouts/rounds" in (s.get("metrics") or {})]
         info.rollouts = _rollouts(counted[-1]) if counted else None
+        timed = [s["metrics"] for s in steps if "time/step_s" in (s.get("metrics") or {})]
+        info.time_split = time_split(timed[-1]) if timed else None
     if out is None:
         return
     if (last := out.last_complete) is not None:
@@ -152,6 +155,26 @@ def _rollouts(metrics: dict) -> str:
         f"{metrics['rollouts/carried_in']:g} carried"
     )
     return text + (", skipped" if metrics.get("rollouts/skipped") else "")
+
+
+TIME_PARTS = (("generation", "gen"), ("rewards", "rewards"), ("training", "train"))
+TIME_PARTS += (("sync", "sync"), ("other", "other"))
+
+
+def time_split(metrics: dict) -> str:
+    """`time: 4.1s/step, gen 62% rewards 3% train 30% sync 1% other 4%; busy: trainers 38%,
+    server 63%` of a step's `time/*` metrics."""
+    step = metrics["time/step_s"] or 1.0
+    shares = " ".join(
+        f"{short} {metrics.get(f'time/{part}_s', 0) / step:.0%}" for part, short in TIME_PARTS
+    )
+    busy = (
+        [f"trainers {metrics['time/trainer_busy']:.0%}"] if "time/trainer_busy" in metrics else []
+    )
+    if "time/server_busy" in metrics:
+        busy.append(f"server {metrics['time/server_busy']:.0%}")
+    text = f"time: {metrics['time/step_s']:.3g}s/step, {shares}"
+    return text + (f"; busy: {', '.join(busy)}" if busy else "")
 
 
 def _attempts(info: RunInfo, attempts: list[Attempt], logs: Sequence[RunLog]) -> None:
@@ -237,6 +260,8 @@ def detail_text(run: RunInfo) -> str:
         text = f"{text} (attempts: {counts})" if text else f"attempts: {counts}"
     if run.rollouts:
         text = f"{text}; {run.rollouts}" if text else run.rollouts
+    if run.time_split:
+        text = f"{text}; {run.time_split}" if text else run.time_split
     return text
 
 

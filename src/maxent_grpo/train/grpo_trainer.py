@@ -13,6 +13,7 @@ from maxent_grpo.train.adaptive_kl import AdaptiveKLMixin
 from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin
 from maxent_grpo.train.data_order import EpochOrderMixin
 from maxent_grpo.train.rollout_mixin import RolloutMixin
+from maxent_grpo.train.step_time import StepTimeMixin
 from maxent_grpo.train.vllm_sync import VLLMSyncMixin
 
 
@@ -23,6 +24,7 @@ class GRPOTrainer(
     CompleteCheckpointsMixin,
     RolloutMixin,
     EpochOrderMixin,
+    StepTimeMixin,
     VLLMSyncMixin,
     trl.GRPOTrainer,
 ):

@@ -262,14 +262,20 @@ class VLLMSyncMixin:
             if not sync_due(step, synced_step, interval):
                 self._metrics[mode][POLICY_LAG_METRIC].append(step - synced_step)
                 return
+            record = getattr(self, "add_step_time", None)  # train/step_time.py
             connect = getattr(generation, "connect", None)
             if connect is not None and self.accelerator.is_main_process:
+                waited = time.perf_counter()
                 connect()  # the first sync waits for the server: not part of its time
+                if record is not None:
+                    record("server_start", time.perf_counter() - waited)
             start = time.perf_counter()
             sync()
             seconds = time.perf_counter() - start
             synced_step = step
             self._metrics[mode][WEIGHT_SYNC_METRIC].append(seconds)
             self._metrics[mode][POLICY_LAG_METRIC].append(0)
+            if record is not None:
+                record("sync", seconds)
 
         generation.sync_weights = timed_sync
