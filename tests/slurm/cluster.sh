@@ -9,6 +9,9 @@
 #   tests/slurm/cluster.sh env                print `export SLURM_CONF=...` for `eval "$(...)"`
 #   tests/slurm/cluster.sh kill-node NODE     SIGKILL every process of NODE (a node crash);
 #                                             `start` brings it back
+#   tests/slurm/cluster.sh cut-node NODE      take NODE's network link down (a silent node: its
+#                                             processes run on, its peers hear nothing)
+#   tests/slurm/cluster.sh restore-node NODE  bring NODE's network link back up
 #   tests/slurm/cluster.sh node-pids NODE     pids of every process running on NODE
 #
 # One node (the default): the node is this host (`hostname -s`, 127.0.0.1), as before.
@@ -424,7 +427,7 @@ cmd_env() {
 # check_node <node>: a node of the running multi-node cluster.
 check_node() {
     set_nodes "$(recorded_count)"
-    multi || die "kill-node/node-pids need a multi-node cluster (start --nodes N)"
+    multi || die "kill-node/cut-node/restore-node/node-pids need a multi-node cluster (start --nodes N)"
     [[ " ${NODES[*]} " == *" $1 "* ]] || die "unknown node '$1' (nodes: ${NODES[*]})"
 }
 
@@ -436,13 +439,30 @@ cmd_kill_node() {
     rm -f "$(harness_pid_file "slurmd-$1")"
 }
 
+# node_link <node>: the host end of the node's veth pair (net_up_node names it by index).
+node_link() { printf 'mgsh%s\n' "${1#node}"; }
+
+# The host end down takes the carrier off both ends: no packet in or out, no RST, no FIN, so
+# peers' TCP connections stay open and block, as when a node loses power or its switch port.
+cmd_cut_node() {
+    check_node "$1"
+    log "cutting the network of $1 ($(node_link "$1") down); its processes keep running"
+    as_root ip link set "$(node_link "$1")" down
+}
+
+cmd_restore_node() {
+    check_node "$1"
+    log "restoring the network of $1 ($(node_link "$1") up)"
+    as_root ip link set "$(node_link "$1")" up
+}
+
 cmd_node_pids() {
     check_node "$1"
     as_root ip netns pids "$(netns_of "$1")"
 }
 
 usage() {
-    printf 'usage: %s {start [--nodes N]|stop|status|env|kill-node NODE|node-pids NODE}\n' \
+    printf 'usage: %s {start [--nodes N]|stop|status|env|kill-node NODE|cut-node NODE|restore-node NODE|node-pids NODE}\n' \
         "$0" >&2
     exit 2
 }
@@ -468,8 +488,10 @@ main() {
     stop) cmd_stop ;;
     status) cmd_status || exit 3 ;;
     env) cmd_env ;;
-    kill-node | node-pids) [[ $# -eq 1 ]] || usage ;;&
+    kill-node | cut-node | restore-node | node-pids) [[ $# -eq 1 ]] || usage ;;&
     kill-node) cmd_kill_node "$1" ;;
+    cut-node) cmd_cut_node "$1" ;;
+    restore-node) cmd_restore_node "$1" ;;
     node-pids) cmd_node_pids "$1" ;;
     *) usage ;;
     esac
