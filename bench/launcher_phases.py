@@ -71,8 +71,8 @@ def trainer_part(recipe: str, world_size: int) -> tuple[float, float]:
     import trl
     import yaml
 
+    from maxent_grpo.preflight import check_recipe
     from maxent_grpo.recipe import parse_recipe
-    from maxent_grpo.recipe.checks import check_recipe
 
     # The launcher no longer imports TRL: pay the trainers' imports (which a bare script pays
     # too) with one untimed call, then time the parse and checks themselves.

@@ -9,8 +9,8 @@ import pytest
 
 from helpers.paths import REPO
 from helpers.recipes import MINIMAL, SMOKE, SMOKE_MAXENT, SMOKE_VLLM, write_recipe
+from maxent_grpo.preflight import check_recipe
 from maxent_grpo.recipe import ConfigError, Recipe, build_recipe, parse_recipe, read_recipe
-from maxent_grpo.recipe.checks import check_recipe
 from maxent_grpo.recipe.keys import LauncherKeys, ScriptArguments
 
 BASE = MINIMAL

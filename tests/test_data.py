@@ -461,8 +461,8 @@ def test_a_template_needs_text_prompts_not_message_lists():
 
 def test_check_reports_a_bad_prompt_template_with_the_other_problems(tmp_path):
     from maxent_grpo.errors import ConfigProblems
+    from maxent_grpo.preflight import check_recipe
     from maxent_grpo.recipe import build_recipe, read_recipe
-    from maxent_grpo.recipe.checks import check_recipe
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(

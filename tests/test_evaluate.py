@@ -21,11 +21,11 @@ import pytest
 
 from helpers.recipes import write_recipe
 from maxent_grpo import cli
+from maxent_grpo.benchmarks.data import held_out_rows
+from maxent_grpo.benchmarks.spec import BUILTIN_BENCHMARKS, Benchmark, parse_benchmarks
 from maxent_grpo.data import builtin_dataset, to_conversation
 from maxent_grpo.errors import ConfigError
 from maxent_grpo.evaluate import schedule
-from maxent_grpo.evaluate.benchmarks import BUILTIN_BENCHMARKS, Benchmark, parse_benchmarks
-from maxent_grpo.evaluate.data import held_out_rows
 from maxent_grpo.evaluate.run import score_completions
 from maxent_grpo.evaluate.scoring import pass_at_k, score_rewards
 from maxent_grpo.rewards import get_reward_funcs

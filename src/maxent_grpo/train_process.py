@@ -13,8 +13,8 @@ import sys
 from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError, error_report
 from maxent_grpo.evaluate.schedule import after_training, make_callback
 from maxent_grpo.methods import METHODS
+from maxent_grpo.preflight import check_recipe
 from maxent_grpo.recipe import build_recipe, read_recipe
-from maxent_grpo.recipe.checks import check_recipe
 from maxent_grpo.recipe.parser import take_flag
 from maxent_grpo.train.entry import StoppedForRequeue, train
 from maxent_grpo.train.unused_libraries import mark_unused_libraries_absent

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import sys
 
+from maxent_grpo.benchmarks.checks import check_benchmarks
+from maxent_grpo.benchmarks.spec import select
 from maxent_grpo.errors import EXIT_USER_ERROR, UserError, error_report
-from maxent_grpo.evaluate.benchmarks import select
-from maxent_grpo.evaluate.checks import check_benchmarks
 from maxent_grpo.evaluate.run import evaluate_target, quiet_progress, resolve_target
 from maxent_grpo.evaluate.schedule import benchmarks_of
 from maxent_grpo.recipe import build_recipe, read_recipe

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from maxent_grpo.evaluate.benchmarks import Benchmark
+from maxent_grpo.benchmarks.spec import Benchmark
 
 
 def pick_backend(requested: str, device: str) -> str:

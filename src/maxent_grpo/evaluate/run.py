@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from maxent_grpo.benchmarks.spec import Benchmark
 from maxent_grpo.errors import UserError
-from maxent_grpo.evaluate.benchmarks import Benchmark
 from maxent_grpo.evaluate.generate import (
     load_tokenizer,
     make_generator,
@@ -118,7 +118,7 @@ def _write_samples(out: Path, bench: Benchmark, step: int, rows, completions, re
 
 def run_benchmark(recipe, bench: Benchmark, generator, tokenizer, target: Target) -> dict:
     """Generate, score and record one benchmark; returns its `eval` event's fields."""
-    from maxent_grpo.evaluate.data import load_rows  # imports datasets: seconds
+    from maxent_grpo.benchmarks.data import load_rows  # imports datasets: seconds
 
     started = time.monotonic()
     rows = load_rows(bench, recipe.script, f"benchmarks ({bench.name})")

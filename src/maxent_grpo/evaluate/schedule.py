@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from maxent_grpo.evaluate.benchmarks import parse_benchmarks
+from maxent_grpo.benchmarks.spec import parse_benchmarks
 from maxent_grpo.evaluate.run import Target, evaluate_target, quiet_progress, skip, step_of
 from maxent_grpo.rundir.events import emit, read_events
 from maxent_grpo.rundir.heartbeat import Heartbeat

@@ -19,8 +19,9 @@ from maxent_grpo.launch.overrides import EnvOverrides, env_overrides
 from maxent_grpo.launch.plan import Environment, Plan, Ports, make_plan, parse_visible_devices
 from maxent_grpo.launch.processes import free_port, slurm_nodes
 from maxent_grpo.launch.requirements import check_installed
+from maxent_grpo.preflight import check_recipe
 from maxent_grpo.recipe import RecipeKeys, build_recipe, read_recipe
-from maxent_grpo.recipe.checks import check_keys, check_recipe
+from maxent_grpo.recipe.checks import check_keys
 from maxent_grpo.recipe.problems import collecting, rule
 from maxent_grpo.timers import timed
 from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model

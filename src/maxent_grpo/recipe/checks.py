@@ -6,9 +6,9 @@
   number of processes.
 - check_keys: the launcher's checks on the values alone (batch arithmetic, model path, output
   dir, launcher files): no TRL, torch or datasets, on every attempt, plan, sbatch and submit.
-- check_recipe: what needs no GPU and no model (model path, rewards, data columns, output
-  dir, launcher files, what GRPOTrainer refuses only after loading the model) on the built
-  recipe: in the trainers before a model is loaded, and in `maxent-grpo check`.
+- the rules of the built recipe that need nothing above recipe/ (model path, output dir,
+  launcher files, what GRPOTrainer refuses only after loading the model); `preflight.py`
+  runs them with the rules that need data/ and rewards/ (check_recipe).
 
 Each rule raises its own one-line ConfigError; the functions that run several rules collect
 their problems (recipe/problems.py), so a recipe's every problem is reported in one pass.
@@ -16,7 +16,6 @@ their problems (recipe/problems.py), so a recipe's every problem is reported in 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import tempfile
@@ -29,7 +28,6 @@ from maxent_grpo.recipe.declare import describe, in_range
 from maxent_grpo.recipe.problems import collecting
 
 if TYPE_CHECKING:
-    from maxent_grpo.recipe import Recipe
     from maxent_grpo.recipe.parser import RecipeKeys
 
 
@@ -302,91 +300,6 @@ def check_output_dir(output_dir: str | None) -> None:
         raise ConfigError(
             f"output_dir: {output_dir!r} is not writable ({problem}); choose another directory"
         )
-
-
-def check_rewards(script_args, training_args) -> None:
-    from maxent_grpo.rewards import get_reward_funcs
-
-    if not script_args.reward_funcs:
-        raise ConfigError(
-            "reward_funcs: empty; give at least one reward function, e.g. reward_funcs: [accuracy]"
-        )
-    funcs = get_reward_funcs(
-        script_args.reward_funcs,
-        **script_args.reward_settings(training_args.max_completion_length),
-    )
-    weights = training_args.reward_weights
-    if weights is not None and len(weights) != len(funcs):
-        raise ConfigError(
-            f"reward_weights: {len(weights)} weights for {len(funcs)} reward_funcs "
-            f"({', '.join(script_args.reward_funcs)}); give one weight per reward function"
-        )
-
-
-def _check_columns(script_args, mixture) -> None:
-    import datasets
-
-    from maxent_grpo.data import preflight_columns
-
-    # A check prints its verdict only: no "Generating train split" bars around the one line.
-    bars_were_on = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
-        preflight_columns(dataclasses.replace(script_args, dataset_mixture=mixture))
-    finally:
-        if bars_were_on:
-            datasets.enable_progress_bars()
-
-
-def check_recipe(recipe: Recipe) -> Recipe:
-    """Validate what can be validated without a model; returns the recipe, mixture parsed.
-
-    The batch arithmetic is checked when the recipe is built, for its number of processes.
-    Every rule runs (a rule whose section could not be built is skipped) and the problems are
-    raised together (recipe/problems.py).
-    """
-    from maxent_grpo.data import parse_mixture
-
-    script, training = recipe.script, recipe.training
-    with collecting(recipe.path) as problems:
-        mixture = None
-        if script is not None:
-            with problems.check("dataset_mixture"):
-                mixture = parse_mixture(script.dataset_mixture, "recipe")
-        if recipe.model is not None:
-            with problems.check("model_name_or_path"):
-                check_model_path(recipe.model.model_name_or_path)
-        if script is not None and training is not None:
-            with problems.check("reward_funcs", "reward_weights"):
-                check_rewards(script, training)
-        if recipe.launch is not None:
-            with problems.check("accelerate_config"):
-                check_launch(recipe.launch)
-        if script is not None:
-            from maxent_grpo.data import DataError, check_prompt_template
-
-            try:
-                check_prompt_template(script)
-            except DataError as exc:  # data/'s one-line error, one problem among the others
-                problems.add_error(exc, ["prompt_template"])
-        if training is not None and not problems.failed("model_name_or_path"):
-            with problems.check(REFERENCE):
-                check_reference_model(training, recipe.model)
-        if script is not None and not problems.failed("dataset_mixture"):
-            with problems.check("dataset_name", "dataset_prompt_column"):
-                _check_columns(script, mixture)
-        if script is not None and training is not None:
-            from maxent_grpo.evaluate.checks import check_benchmarks
-
-            with problems.check("benchmarks"):
-                check_benchmarks(script, training)
-        if training is not None:
-            with problems.check("output_dir"):
-                check_output_dir(training.output_dir)
-            with problems.check("vllm_server_timeout"):
-                check_server_wait(training)
-            check_trainer_values(training, recipe.model)
-    return dataclasses.replace(recipe, script=dataclasses.replace(script, dataset_mixture=mixture))
 
 
 def check_trainer_values(training, model) -> None:

@@ -1,18 +1,19 @@
-"""The recipe check of the benchmark keys: run with the other recipe checks, before a job is
-queued and before any model loads. Each problem is one line naming the benchmark and the fix."""
+"""The recipe check of the benchmark keys: run with the other recipe checks (preflight.py),
+before a job is queued and before any model loads. Each problem is one line naming the
+benchmark and the fix."""
 
 from __future__ import annotations
 
 import shutil
 
+from maxent_grpo.benchmarks.spec import parse_benchmarks
 from maxent_grpo.errors import ConfigError, UserError
-from maxent_grpo.evaluate.benchmarks import parse_benchmarks
 
 
 def check_benchmarks(script, training) -> None:
     """Every benchmark parses, its reward resolves and its data is there (built-in and local
     columns; offline, a hub dataset in the cache); benchmark_mode slurm needs sbatch."""
-    from maxent_grpo.evaluate.data import check_data, where  # imports datasets: seconds
+    from maxent_grpo.benchmarks.data import check_data, where  # imports datasets: seconds
     from maxent_grpo.rewards import get_reward_funcs  # imports sympy (math rewards)
 
     benches = parse_benchmarks(script.benchmarks, script.system_prompt)

@@ -10,7 +10,7 @@ A recipe's `benchmarks:` is a list whose entries are either a built-in name or a
          reward: answer_match, num_examples: 100}
 
 A mapping whose `name` is a built-in and that gives no `dataset` starts from that built-in's
-settings. Everything here is pure: nothing is loaded (data checks live in `evaluate.data`).
+settings. Everything here is pure: nothing is loaded (data checks live in `benchmarks.data`).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from maxent_grpo.benchmarks.spec import Benchmark
 from maxent_grpo.data import (
     BUILTIN_COLUMNS,
     BUILTIN_PREFIX,
@@ -21,7 +22,6 @@ from maxent_grpo.data import (
     to_conversation,
 )
 from maxent_grpo.data.load import check_columns, load_local
-from maxent_grpo.evaluate.benchmarks import Benchmark
 
 # The held-out rows of a built-in come from dataset_seed + this.
 HELD_OUT_SEED_OFFSET = 1_000_003

@@ -1,0 +1,109 @@
+"""The built recipe's checks that need the layers above recipe/: its rewards resolve, its data
+has the columns it names, its benchmarks parse and their data is there; run together with
+recipe/checks.py's rules (check_recipe), so every problem is reported in one pass.
+
+Called by the launcher and `maxent-grpo check` before anything is queued or started, and by
+each trainer before a model loads. Importing this module is cheap (the launcher does): data/
+and rewards/ import datasets and sympy, so they are imported where a rule needs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from maxent_grpo.benchmarks.checks import check_benchmarks
+from maxent_grpo.errors import ConfigError
+from maxent_grpo.recipe import Recipe
+from maxent_grpo.recipe.checks import (
+    REFERENCE,
+    check_launch,
+    check_model_path,
+    check_output_dir,
+    check_reference_model,
+    check_server_wait,
+    check_trainer_values,
+)
+from maxent_grpo.recipe.problems import collecting
+
+
+def check_rewards(script_args, training_args) -> None:
+    from maxent_grpo.rewards import get_reward_funcs  # imports sympy (math rewards): seconds
+
+    if not script_args.reward_funcs:
+        raise ConfigError(
+            "reward_funcs: empty; give at least one reward function, e.g. reward_funcs: [accuracy]"
+        )
+    funcs = get_reward_funcs(
+        script_args.reward_funcs,
+        **script_args.reward_settings(training_args.max_completion_length),
+    )
+    weights = training_args.reward_weights
+    if weights is not None and len(weights) != len(funcs):
+        raise ConfigError(
+            f"reward_weights: {len(weights)} weights for {len(funcs)} reward_funcs "
+            f"({', '.join(script_args.reward_funcs)}); give one weight per reward function"
+        )
+
+
+def _check_columns(script_args, mixture) -> None:
+    import datasets
+
+    from maxent_grpo.data import preflight_columns  # imports datasets: seconds
+
+    # A check prints its verdict only: no "Generating train split" bars around the one line.
+    bars_were_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        preflight_columns(dataclasses.replace(script_args, dataset_mixture=mixture))
+    finally:
+        if bars_were_on:
+            datasets.enable_progress_bars()
+
+
+def check_recipe(recipe: Recipe) -> Recipe:
+    """Validate what can be validated without a model; returns the recipe, mixture parsed.
+
+    The batch arithmetic is checked when the recipe is built, for its number of processes.
+    Every rule runs (a rule whose section could not be built is skipped) and the problems are
+    raised together (recipe/problems.py).
+    """
+    from maxent_grpo.data import parse_mixture  # imports datasets: seconds
+
+    script, training = recipe.script, recipe.training
+    with collecting(recipe.path) as problems:
+        mixture = None
+        if script is not None:
+            with problems.check("dataset_mixture"):
+                mixture = parse_mixture(script.dataset_mixture, "recipe")
+        if recipe.model is not None:
+            with problems.check("model_name_or_path"):
+                check_model_path(recipe.model.model_name_or_path)
+        if script is not None and training is not None:
+            with problems.check("reward_funcs", "reward_weights"):
+                check_rewards(script, training)
+        if recipe.launch is not None:
+            with problems.check("accelerate_config"):
+                check_launch(recipe.launch)
+        if script is not None:
+            from maxent_grpo.data import DataError, check_prompt_template  # imports datasets
+
+            try:
+                check_prompt_template(script)
+            except DataError as exc:  # data/'s one-line error, one problem among the others
+                problems.add_error(exc, ["prompt_template"])
+        if training is not None and not problems.failed("model_name_or_path"):
+            with problems.check(REFERENCE):
+                check_reference_model(training, recipe.model)
+        if script is not None and not problems.failed("dataset_mixture"):
+            with problems.check("dataset_name", "dataset_prompt_column"):
+                _check_columns(script, mixture)
+        if script is not None and training is not None:
+            with problems.check("benchmarks"):
+                check_benchmarks(script, training)
+        if training is not None:
+            with problems.check("output_dir"):
+                check_output_dir(training.output_dir)
+            with problems.check("vllm_server_timeout"):
+                check_server_wait(training)
+            check_trainer_values(training, recipe.model)
+    return dataclasses.replace(recipe, script=dataclasses.replace(script, dataset_mixture=mixture))
