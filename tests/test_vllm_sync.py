@@ -19,6 +19,7 @@ from maxent_grpo.errors import UserError
 from maxent_grpo.train.vllm_connect import deferred_generation_class
 from maxent_grpo.train.vllm_sync import (
     POLICY_LAG_METRIC,
+    SYNC_BYTES_METRIC,
     WEIGHT_SYNC_METRIC,
     WEIGHTS_DIRNAME,
     VLLMSyncMixin,
@@ -188,6 +189,8 @@ def test_disk_sync_writes_reloads_and_cleans_up(tmp_path):
         assert torch.equal(seen["tensors"][name], param.data)
     assert generation.vllm_client.resets == 1
     assert not seen["dir"].exists() and not generation.weights_dir.exists()
+    # the bytes sent: the parameters (4x3 + 3 + 3x2 + 2 floats) and the files' headers
+    assert 23 * 4 < generation.last_sync_bytes < 23 * 4 + 1024
 
 
 def test_disk_sync_on_other_ranks_only_iterates(tmp_path):
@@ -259,6 +262,13 @@ def test_an_interval_skips_the_syncs_between_and_logs_the_policy_lag(tmp_path):
     assert synced_at == [1, 4, 7]
     assert trainer._metrics["train"][POLICY_LAG_METRIC] == [0, 1, 2, 0, 1, 2, 0, 1]
     assert len(trainer._metrics["train"][WEIGHT_SYNC_METRIC]) == 3
+
+
+def test_the_bytes_of_a_disk_sync_are_logged(tmp_path):
+    trainer = Trainer(model="m", args=args(tmp_path))
+    trainer.vllm_generation.last_sync_bytes = 4096
+    trainer.vllm_generation.sync_weights()
+    assert trainer._metrics["train"][SYNC_BYTES_METRIC] == [4096]
 
 
 def test_an_interval_without_the_importance_sampling_correction_is_refused():

@@ -13,7 +13,8 @@ Recipe key `vllm_weight_sync` (recipe.keys.GRPOConfig), used with `use_vllm: tru
   The directory is deleted once the server has the weights. Works where NCCL cannot (CPU).
   output_dir must be readable by the server's node (a shared filesystem across nodes).
 
-Both modes log the seconds each sync took as the metric `vllm/weight_sync_seconds`.
+Both modes log the seconds each sync took as the metric `vllm/weight_sync_seconds`; disk
+also the bytes it wrote, `vllm/weight_sync_bytes`.
 `vllm_sync_interval_steps: N` skips the syncs between every N optimizer steps (`sync_due`);
 `vllm/policy_lag_steps` is how many steps old the server's weights are at each generation.
 
@@ -45,6 +46,8 @@ from maxent_grpo.train.vllm_connect import deferred_generation_class
 WEIGHT_SYNC_METRIC = "vllm/weight_sync_seconds"
 # Optimizer steps between the server's weights and the trainer's at each generation.
 POLICY_LAG_METRIC = "vllm/policy_lag_steps"
+# Bytes written for the server per sync (disk: the safetensors files of the full model).
+SYNC_BYTES_METRIC = "vllm/weight_sync_bytes"
 WEIGHTS_DIRNAME = ".vllm_weights"
 # Tensors per safetensors file: bounds rank 0's extra CPU memory during a sync.
 SHARD_BYTES = 2 * 1024**3
@@ -121,6 +124,9 @@ class _SafetensorsWriter:
         self._flush()
         return self._count
 
+    def bytes_written(self) -> int:
+        return sum(path.stat().st_size for path in self.directory.glob("*.safetensors"))
+
 
 def reload_weights(client, directory: Path) -> None:
     """Ask the server to load the safetensors in `directory` (dev-mode /collective_rpc)."""
@@ -175,6 +181,7 @@ def disk_generation_class():
                         writer.add(name, tensor)
                 if writer is not None:
                     writer.close()
+                    self.last_sync_bytes = writer.bytes_written()
                     reload_weights(self.vllm_client, writer.directory)
                     self.vllm_client.reset_prefix_cache()
             finally:
@@ -275,6 +282,9 @@ class VLLMSyncMixin:
             synced_step = step
             self._metrics[mode][WEIGHT_SYNC_METRIC].append(seconds)
             self._metrics[mode][POLICY_LAG_METRIC].append(0)
+            sent = getattr(generation, "last_sync_bytes", None)  # disk sync, main process
+            if sent is not None:
+                self._metrics[mode][SYNC_BYTES_METRIC].append(sent)
             if record is not None:
                 record("sync", seconds)
 
