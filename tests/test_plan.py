@@ -382,6 +382,40 @@ def test_cpu_server_replicas_reach_the_command():
     assert plan.server.gpus == () and plan.idle == ()
 
 
+LORA = SERVER.with_values(use_peft=True, vllm_weight_sync="lora", lora_r=4)
+
+
+def test_lora_sync_starts_the_server_with_runtime_lora():
+    plan = make_plan(env(8), LORA, PORTS)
+    command = plan.server.command
+    assert "--enable-lora" in command and flag(command, "--max-lora-rank") == "8"
+    assert "--weight-transfer-config" not in command
+    assert plan.server.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+
+
+@pytest.mark.parametrize(("rank", "served"), [(1, 1), (4, 8), (16, 16), (17, 32), (300, 320)])
+def test_lora_rank_rounds_up_to_what_vllm_accepts(rank, served):
+    plan = make_plan(env(2), LORA.with_values(lora_r=rank), PORTS)
+    assert flag(plan.server.command, "--max-lora-rank") == str(served)
+
+
+def test_lora_sync_serves_one_replica_even_on_several_nodes():
+    plan = make_plan(env(8, nodes=2), LORA, PORTS)
+    assert plan.server.gpus == ("0",) and plan.server.data_parallel == 1
+    assert plan.idle == (
+        "node node0 GPUs 1,2,3,4,5,6,7 (vllm_weight_sync: lora serves one replica; disk or "
+        "nccl sync serve more)",
+    )
+    message = plan_error(env(8), LORA.with_values(vllm_data_parallel_size=2))
+    assert "reaches" not in message and "set vllm_data_parallel_size: 1" in message
+
+
+def test_lora_sync_needs_peft_and_works_on_a_cpu_server():
+    assert "use_peft: true" in plan_error(env(8), LORA.with_values(use_peft=False))
+    plan = make_plan(env(0), LORA.with_values(vllm_server_device="cpu"), PORTS)
+    assert "--enable-lora" in plan.server.command
+
+
 def sbatch_header(path) -> dict[str, str]:
     lines = (REPO / path).read_text().splitlines()
     options = [line.split(None, 1)[1] for line in lines if line.startswith("#SBATCH ")]

@@ -18,6 +18,7 @@ from trl.generation.vllm_generation import VLLMGeneration  # noqa: F401 (FakeTra
 from maxent_grpo.errors import UserError
 from maxent_grpo.train.vllm_connect import deferred_generation_class
 from maxent_grpo.train.vllm_sync import (
+    LORA_NAME,
     POLICY_LAG_METRIC,
     SYNC_BYTES_METRIC,
     WEIGHT_SYNC_METRIC,
@@ -26,6 +27,7 @@ from maxent_grpo.train.vllm_sync import (
     _SafetensorsWriter,
     check_weight_sync,
     disk_generation_class,
+    lora_generation_class,
     sync_due,
 )
 
@@ -280,3 +282,62 @@ def test_an_interval_without_the_importance_sampling_correction_is_refused():
     assert GRPOConfig(**base).vllm_sync_interval_steps == 4  # correction on: TRL's default
     with pytest.raises(ConfigError, match="vllm_importance_sampling_correction: true"):
         GRPOConfig(**base, vllm_importance_sampling_correction=False)
+
+
+# --- vllm_weight_sync: lora -------------------------------------------------------------------
+
+
+def test_lora_sync_sends_only_the_adapter_and_generation_names_it(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    base = torch.nn.Sequential()
+    base.add_module("proj", torch.nn.Linear(64, 64))
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["proj"]))
+    posts = []
+
+    class Client:
+        base_url = "http://server:1"
+        model = "base-model"
+
+        def __init__(self):
+            self.session = SimpleNamespace(post=self.post)
+
+        def post(self, url, json):
+            files = sorted(p.name for p in Path(json["lora_path"]).iterdir())
+            posts.append((url, json, files))
+            return FakeResponse()
+
+        def reset_prefix_cache(self):
+            pass
+
+    cls = lora_generation_class()
+    generation = cls.__new__(cls)
+    generation.mode = "server"
+    generation.weights_dir = tmp_path / "out" / ".vllm_lora"
+    generation.model = model
+    generation.accelerator = SimpleNamespace(
+        is_main_process=True, wait_for_everyone=lambda: None, unwrap_model=lambda m: m
+    )
+    generation.vllm_client = Client()
+    generation.sync_weights()
+    first = generation.loaded
+    generation.sync_weights()
+    url, body, files = posts[-1]
+    assert url == "http://server:1/v1/load_lora_adapter"
+    assert body["lora_name"] == LORA_NAME and body["load_inplace"] is True
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(files)
+    assert generation.vllm_client.model == LORA_NAME  # TRL's requests ask for the adapter
+    # adapter only: A (4x64) and B (64x4) floats, not the 64x64 base weight
+    assert 2 * 4 * 64 * 4 < generation.last_sync_bytes < 64 * 64 * 4
+    assert not first.exists() and generation.loaded.exists()  # the previous one is removed
+
+
+def test_lora_sync_refuses_a_model_without_an_adapter(tmp_path):
+    cls = lora_generation_class()
+    generation = cls.__new__(cls)
+    generation.mode = "server"
+    generation.weights_dir = tmp_path
+    generation.model = torch.nn.Linear(2, 2)
+    generation.accelerator = SimpleNamespace(is_main_process=True, unwrap_model=lambda m: m)
+    with pytest.raises(UserError, match="use_peft: true"):
+        generation.sync_weights()

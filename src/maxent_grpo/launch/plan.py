@@ -159,7 +159,7 @@ def _train_everywhere(
 
 
 def _cpu_server_plan(env: Environment, recipe: RecipeKeys, ports: Ports) -> Plan:
-    if recipe.vllm_weight_sync != "disk":
+    if recipe.vllm_weight_sync == "nccl":
         raise PlanError(
             "vllm_server_device: cpu with vllm_weight_sync: nccl: NCCL weight sync needs CUDA "
             "on the server and the trainer; set vllm_weight_sync: disk"
@@ -222,7 +222,7 @@ def data_parallel_size(recipe: RecipeKeys, gpus_per_node: int, nodes: int) -> in
     other GPUs train) and the whole first node on several (no trainer runs there anyway)."""
     if recipe.vllm_data_parallel_size is not None:
         return recipe.vllm_data_parallel_size
-    if nodes > 1:
+    if nodes > 1 and recipe.vllm_weight_sync != "lora":
         return max(gpus_per_node // recipe.vllm_tensor_parallel_size, 1)
     return 1
 
@@ -274,21 +274,52 @@ def _server_plan(
         command += ["--enforce-eager"]
     if recipe.trust_remote_code:
         command += ["--trust-remote-code"]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus), "VLLM_SERVER_DEV_MODE": "1"}
     if recipe.vllm_weight_sync == "nccl":
         command += ["--weight-transfer-config", '{"backend": "nccl"}']
+    if recipe.vllm_weight_sync == "lora":
+        _check_lora(recipe, dp)
+        command += ["--enable-lora", "--max-lora-rank", str(lora_rank(recipe.lora_r))]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter
     return ServerPlan(
         node=node,
         gpus=gpus,
         port=ports.vllm,
         group_port=ports.vllm_group,
         command=tuple(command),
-        env={"CUDA_VISIBLE_DEVICES": ",".join(gpus), "VLLM_SERVER_DEV_MODE": "1"},
+        env=env,
         device=device,
         weight_sync=recipe.vllm_weight_sync,
         timeout=recipe.vllm_server_timeout,
         tensor_parallel=recipe.vllm_tensor_parallel_size,
         data_parallel=dp,
     )
+
+
+# vLLM's --max-lora-rank accepts these; a smaller adapter is served under the next one up.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank(rank: int) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds an adapter of `rank`."""
+    for allowed in LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise PlanError(f"lora_r: {rank}; vLLM serves LoRA adapters up to rank {LORA_RANKS[-1]}")
+
+
+def _check_lora(recipe: RecipeKeys, dp: int) -> None:
+    if not recipe.use_peft:
+        raise PlanError(
+            "vllm_weight_sync: lora sends the LoRA adapter only, and this recipe trains the "
+            "whole model (use_peft: false); set use_peft: true, or vllm_weight_sync: disk/nccl"
+        )
+    if dp > 1:
+        raise PlanError(
+            f"vllm_weight_sync: lora with vllm_data_parallel_size: {dp}: vLLM loads a runtime "
+            "adapter into the replica that answers the request only; set "
+            "vllm_data_parallel_size: 1, or vllm_weight_sync: disk/nccl for several replicas"
+        )
 
 
 def _trainer_args(recipe: RecipeKeys, server: ServerPlan | None) -> tuple[str, ...]:
@@ -465,11 +496,15 @@ def idle_gpus(env: Environment, plan: Plan, recipe: RecipeKeys) -> tuple[str, ..
         if serves and node not in t.nodes:
             tp = recipe.vllm_tensor_parallel_size
             whole = len(env.gpus) // tp
-            hint = (
-                f"set vllm_data_parallel_size: {whole} (or unset it) to serve with the whole node"
-                if whole > s.data_parallel
-                else f"use a vllm_tensor_parallel_size that divides {len(env.gpus)}"
-            )
+            if s.weight_sync == "lora":
+                hint = "vllm_weight_sync: lora serves one replica; disk or nccl sync serve more"
+            elif whole > s.data_parallel:
+                hint = (
+                    f"set vllm_data_parallel_size: {whole} (or unset it) to serve with the "
+                    "whole node"
+                )
+            else:
+                hint = f"use a vllm_tensor_parallel_size that divides {len(env.gpus)}"
         else:
             hint = "unset num_processes, or raise it, to train on them"
         lines.append(f"node {node} GPUs {','.join(idle)} ({hint})")

@@ -322,8 +322,10 @@ class GRPOConfig(trl.GRPOConfig):
             "'nccl' (TRL's NCCL weight-transfer engine; needs CUDA on both sides) or 'disk' "
             "(rank 0 saves safetensors under output_dir/.vllm_weights and the server reloads "
             "them through /collective_rpc reload_weights; works on CPU; output_dir must be on a "
-            "filesystem the server's node can read).",
-            "choices": ["nccl", "disk"],
+            "filesystem the server's node can read) or 'lora' (use_peft: only the adapter, "
+            "saved under output_dir/.vllm_lora and loaded by vLLM's runtime LoRA loading; one "
+            "server replica).",
+            "choices": ["nccl", "disk", "lora"],
         },
     )
     vllm_sync_interval_steps: Annotated[int, Accepts(range=(">=", 1))] = field(

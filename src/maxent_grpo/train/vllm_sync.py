@@ -6,6 +6,10 @@ Recipe key `vllm_weight_sync` (recipe.keys.GRPOConfig), used with `use_vllm: tru
 - `nccl` (default): TRL's NCCL weight-transfer engine streams every tensor into the server.
   Needs CUDA in the trainer and the server; we only check that up front (one line instead of
   TRL's NotImplementedError after the model is loaded) and time it.
+- `lora` (use_peft): rank 0 saves only the adapter (PEFT's save_pretrained) under
+  `output_dir/.vllm_lora/` and the server loads it in place through vLLM's runtime LoRA API
+  (`POST /v1/load_lora_adapter`); generation then names the adapter as its model. A resumed
+  or requeued run's first sync sends the adapter it loaded from the checkpoint.
 - `disk`: every rank takes part in gathering the parameters (ZeRO-3/FSDP/PEFT handled by
   TRL's own iterator), rank 0 writes them as safetensors into a fresh directory under
   `output_dir/.vllm_weights/`, and the server reloads them through its dev-mode endpoint
@@ -49,6 +53,8 @@ POLICY_LAG_METRIC = "vllm/policy_lag_steps"
 # Bytes written for the server per sync (disk: the safetensors files of the full model).
 SYNC_BYTES_METRIC = "vllm/weight_sync_bytes"
 WEIGHTS_DIRNAME = ".vllm_weights"
+LORA_DIRNAME = ".vllm_lora"
+LORA_NAME = "policy"  # the adapter's name on the server; generation asks for it by this name
 # Tensors per safetensors file: bounds rank 0's extra CPU memory during a sync.
 SHARD_BYTES = 2 * 1024**3
 
@@ -69,8 +75,8 @@ def check_weight_sync(args, cuda_available: bool | None = None) -> str | None:
     mode = weight_sync_mode(args)
     if mode is None:
         return None
-    if mode not in ("nccl", "disk"):
-        raise UserError(f"vllm_weight_sync: {mode!r}; must be nccl or disk")
+    if mode not in ("nccl", "disk", "lora"):
+        raise UserError(f"vllm_weight_sync: {mode!r}; must be nccl, disk or lora")
     if mode == "nccl":
         if cuda_available is None:
             import torch
@@ -194,6 +200,56 @@ def disk_generation_class():
     return DiskSyncVLLMGeneration
 
 
+def load_lora_adapter(client, directory: Path) -> None:
+    """Load (or replace) the adapter `LORA_NAME` from `directory` (vLLM's runtime LoRA API)."""
+    response = client.session.post(
+        f"{client.base_url}/v1/load_lora_adapter",
+        json={"lora_name": LORA_NAME, "lora_path": str(directory), "load_inplace": True},
+    )
+    if response.status_code != 200:
+        raise RuntimeError(
+            f"vLLM load_lora_adapter from {directory} failed: HTTP {response.status_code}: "
+            f"{response.text[:2000]} (the server needs --enable-lora and "
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, which the launcher sets)"
+        )
+
+
+@functools.cache
+def lora_generation_class():
+    """TRL's VLLMGeneration sending only the LoRA adapter (`vllm_weight_sync: lora`)."""
+    from accelerate.utils import is_peft_model
+
+    class LoRASyncVLLMGeneration(disk_generation_class()):
+        """Rank 0 saves the adapter; the server loads it in place; generation names it."""
+
+        loaded: Path | None = None  # the directory the server's adapter came from
+
+        def sync_weights(self):
+            if self.mode != "server":
+                return super().sync_weights()
+            accelerator = self.accelerator
+            if accelerator.is_main_process:
+                model = accelerator.unwrap_model(self.model)
+                if not is_peft_model(model):
+                    raise UserError(
+                        "vllm_weight_sync: lora needs a LoRA model (use_peft: true); set "
+                        "vllm_weight_sync: disk or nccl to sync the whole model"
+                    )
+                target = self.weights_dir / f"sync-{uuid.uuid4().hex[:12]}"
+                model.save_pretrained(str(target))
+                self.last_sync_bytes = sum(f.stat().st_size for f in target.iterdir())
+                load_lora_adapter(self.vllm_client, target)
+                self.vllm_client.model = LORA_NAME  # TRL's requests name this model
+                self.vllm_client.reset_prefix_cache()
+                # the previous adapter's files: no longer the server's
+                if self.loaded is not None:
+                    shutil.rmtree(self.loaded, ignore_errors=True)
+                self.loaded = target
+            accelerator.wait_for_everyone()
+
+    return LoRASyncVLLMGeneration
+
+
 @contextlib.contextmanager
 def _vllm_generation_replaced(trainer_cls: type, factory):
     """Make the trainer's __init__ build `factory(...)` where TRL builds VLLMGeneration.
@@ -250,6 +306,9 @@ class VLLMSyncMixin:
                 factory = functools.partial(
                     disk_generation_class(), weights_dir=weights_dir(training_args)
                 )
+            elif mode == "lora":
+                lora_dir = Path(training_args.output_dir).resolve() / LORA_DIRNAME
+                factory = functools.partial(lora_generation_class(), weights_dir=lora_dir)
             with _vllm_generation_replaced(type(self), factory):
                 super().__init__(*args, **kwargs)
         self.vllm_weight_sync = mode
