@@ -16,6 +16,7 @@ from maxent_grpo.launch.outcomes import (
     from_exit_reports,
     from_log,
     is_permanent,
+    node_failed,
     stop_outcome,
 )
 from maxent_grpo.launch.watchdog import (
@@ -45,6 +46,30 @@ def test_stop_classes_from_the_signal_and_slurms_record_of_the_job():
     requeued = stop_outcome("SIGTERM received", "SIGTERM", ending, restarts=0)
     assert requeued.kind == "preempted" and requeued.requeued_by_slurm
     assert stop_outcome("x", "SIGTERM", ending, restarts=1).kind == "stopped"
+
+
+def test_a_failed_node_is_seen_in_sruns_line_or_in_slurms_record_of_the_job():
+    """What makes the launcher stop at once on Slurm's SIGTERM instead of waiting for a
+    checkpoint that a rank without its peer cannot make (launch/attempt.py)."""
+    running = {"JobState": "RUNNING", "Reason": "None"}
+    assert node_failed("srun: error: Node failure on node2", running)
+    assert node_failed("", {"JobState": "NODE_FAIL", "Reason": "None"})
+    assert node_failed("", {"JobState": "PENDING", "Reason": "NodeDown"})
+    assert not node_failed("step 11", running)
+    assert not node_failed("step 11", None)  # not under Slurm
+
+
+def test_a_node_failure_is_named_by_sruns_line_though_slurmstepds_comes_after(tmp_path):
+    from maxent_grpo.launch.outcomes import classify
+    from maxent_grpo.launch.watchdog import Watched
+
+    log = tmp_path / "train.log"
+    log.write_text(
+        "srun: error: Node failure on node2\n"
+        "slurmstepd-node1: error: *** STEP 4.0 ON node1 CANCELLED DUE TO NODE FAILURE ***\n"
+    )
+    found = classify(tmp_path, Watched(None), None, None, log)
+    assert (found.kind, found.reason) == ("node_failure", "srun: error: Node failure on node2")
 
 
 def test_the_same_crash_twice_is_permanent_whatever_the_numbers():

@@ -24,6 +24,8 @@ from maxent_grpo.launch.outcomes import (
     Outcome,
     classify,
     is_permanent,
+    log_tail,
+    node_failed,
     previous_outcome,
 )
 from maxent_grpo.launch.overrides import server_environ
@@ -139,6 +141,13 @@ class _Signals:
                 self.attempt.trainer.mute()  # the log keeps the killed processes' tracebacks
             self.attempt.abort()
             return
+        if signum == signal.SIGTERM and self.attempt.node_failed():
+            # Slurm ends the job for a failed node and SIGKILLs what is left after KillWait;
+            # the ranks cannot checkpoint without their peer: stop them now, record the outcome.
+            print(f"{name} received: a node of the job failed; stopping training now", flush=True)
+            self.attempt.request_stop(f"{name} received", signum)
+            self.attempt.abort(grace=1)
+            return
         print(f"{name} received: checkpointing at the next step boundary", flush=True)
         self.attempt.request_stop(f"{name} received", signum)
 
@@ -168,6 +177,7 @@ class Attempt:
         self.late_signal: int | None = None  # a stop signal that came while finishing
         self.forced: str | None = None  # the repeated signal that stopped everything at once
         self.output_dir: Path | None = None
+        self.train_log: Path | None = None
         self.trainer: Child | None = None
         self.server = None
 
@@ -184,11 +194,17 @@ class Attempt:
             if first:
                 emit(self.output_dir, "stop_request", reason=reason)
 
-    def abort(self) -> None:
+    def abort(self, grace: float = 5) -> None:
         """Immediate stop: every process of the run, now."""
         for child in (self.trainer, self.server):
             if child is not None:
-                child.stop(grace=5)
+                child.stop(grace=grace)
+
+    def node_failed(self) -> bool:
+        """Whether Slurm reports a failed node of this job (srun's line, the job's record)."""
+        if self.job is None or self.train_log is None:
+            return False
+        return node_failed(log_tail(self.train_log), job_record(self.job, timeout=2))
 
     def stop_gracefully(self, reason: str, timeout: float) -> None:
         """Ask for a checkpoint, wait up to `timeout` s for the trainers, then stop all."""
@@ -251,6 +267,7 @@ class Attempt:
         print(prepared.describe(), flush=True)
         run_name = self.request.run_name or self.output_dir.name
         train_log = log_path(self.request.logs_dir, run_name, "train", self.environ)
+        self.train_log = train_log
         started = time.monotonic()
         watched = Watched(None)
         try:

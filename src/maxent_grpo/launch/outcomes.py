@@ -38,6 +38,8 @@ OOM_HINT = (
 )
 # Lines that say a node of the job failed: srun's and slurmstepd's words for it.
 _NODE_FAILURE = re.compile(r"node fail|NODE_FAIL|DUE TO NODE FAILURE", re.IGNORECASE)
+# srun's line, the one that names the node: "srun: error: Node failure on node2".
+_NODE_NAMED = re.compile(r"Node failure on \S")
 # What a rank raises when a peer it exchanges tensors with is gone (gloo, NCCL, the c10d
 # store): the peer is the cause, not this rank.
 _PEER_LOST = re.compile(
@@ -93,7 +95,7 @@ def stop_outcome(
         by_slurm = int(job.get("Restarts") or 0) > restarts
         if job.get("PreemptTime", "None") not in ("None", "", "Unknown"):
             kind = "preempted"
-        elif state == "NODE_FAIL" or "NodeDown" in job.get("Reason", ""):
+        elif _job_node_failed(job):
             kind = "node_failure"  # Slurm ends the job on every node when one of them fails
         elif state == "TIMEOUT" or signal_name == "SIGUSR1":
             kind = "time_limit"
@@ -101,6 +103,16 @@ def stop_outcome(
             kind = "preempted"
             reason = f"{reason}; Slurm requeued the job (preemption)" if by_slurm else reason
     return Outcome(kind, one_line(reason), EXIT_CHECKPOINTED, by_slurm)
+
+
+def _job_node_failed(job: Mapping[str, str]) -> bool:
+    return job.get("JobState") == "NODE_FAIL" or "NodeDown" in job.get("Reason", "")
+
+
+def node_failed(tail: str, job: Mapping[str, str] | None) -> bool:
+    """Whether a node of the job failed: srun's or Slurm's line at the end of the train log,
+    or the job's record (`scontrol show job -o`, None outside Slurm)."""
+    return _node_failure_line(tail) is not None or (job is not None and _job_node_failed(job))
 
 
 def _normalised(reason: str) -> str:
@@ -163,9 +175,14 @@ def from_exit_reports(
 
 
 def _node_failure_line(tail: str) -> str | None:
-    """The last line of a log that says a node of the job failed (srun, Slurm), if any."""
-    lines = [line.strip() for line in tail.splitlines()]
-    return next((one_line(x) for x in reversed(lines) if _NODE_FAILURE.search(x)), None)
+    """The last line of a log that says a node of the job failed (srun, Slurm), if any; srun's,
+    which names the node, before slurmstepd's, which may come after it."""
+    lines = [line.strip() for line in reversed(tail.splitlines())]
+    for pattern in (_NODE_NAMED, _NODE_FAILURE):
+        found = next((one_line(x) for x in lines if pattern.search(x)), None)
+        if found is not None:
+            return found
+    return None
 
 
 def from_log(tail: str, code: int | None, previous: Mapping | None) -> Outcome:
