@@ -262,3 +262,65 @@ def _steps(out: Path) -> int:
         return max((e["step"] for e in _events(out) if e["event"] == "step"), default=0)
     except OSError:
         return 0
+
+
+def test_a_silent_training_node_fails_the_attempt_in_bounded_time_and_it_resumes_elsewhere(
+    multinode_cluster, tmp_path, tiny_model
+):
+    """A node whose network goes (cluster.sh cut-node: its link down, nothing killed) sends no
+    FIN and no exit: its peers block in a collective and srun hears nothing. Slurm marks it
+    DOWN after SlurmdTimeout and requeues the job; the attempt is a node_failure naming it, the
+    job finishes on the healthy nodes, and once the link is back nothing of the run is left."""
+    cluster = multinode_cluster
+    out = tmp_path / "out"
+    recipe = _small(tmp_path, tiny_model, max_steps=60, save_steps=10, env={"OMP_NUM_THREADS": "1"})
+    job = sbatch_training(cluster, tmp_path, recipe, "--nodes=2", "--requeue")
+    victim, cut = None, False
+    try:
+        wait_for(
+            lambda: list(out.glob("checkpoint-*/maxent_grpo_complete.json")),
+            240,
+            "a complete checkpoint",
+        )
+        victim = cluster.job_nodes(job)[1]  # a trainer only; the launcher is on the first
+        t0 = time.monotonic()
+        done = cluster.cluster("cut-node", victim, timeout=60)
+        cut = done.returncode == 0
+        assert cut, done.stderr
+        # Bound: SlurmdTimeout (20 s here) + one ping round (~SlurmdTimeout/3) until the node
+        # is DOWN, then KillWait (5 s) for the launcher to record it (docs/multinode.md).
+        outcome = wait_for(
+            lambda: next((e for e in _events(out) if e["event"] == "outcome"), None),
+            90,
+            "the first attempt's outcome",
+        )
+        cluster.timings["silent training node: attempt ended after (s)"] = time.monotonic() - t0
+        assert outcome["outcome"] == "node_failure" and victim in outcome["reason"], outcome
+        assert cluster.wait(job, timeout=300) == "COMPLETED", slurm_out(tmp_path)[-4000:]
+        cluster.timings["silent training node: job completed after (s)"] = time.monotonic() - t0
+        assert victim not in cluster.job_nodes(job)
+        (record,) = cluster.job_records(job)
+        assert record["Restarts"] == "1", record
+        # The cut node's trainer ran on, unheard; once it hears Slurm again nothing is left.
+        done = cluster.cluster("restore-node", victim, timeout=60)
+        cut = done.returncode != 0
+        assert not cut, done.stderr
+        t1 = time.monotonic()
+        while (left := _ours_left(cluster, str(recipe))) and time.monotonic() - t1 < 300:
+            time.sleep(1)
+        gone = time.monotonic() - t1
+        cluster.timings["silent training node: its processes gone after restore (s)"] = gone
+        assert not left, (gone, left)
+    finally:
+        if cut:
+            cluster.cluster("restore-node", victim, timeout=60)
+        cluster.cancel(job)
+        restarted = cluster.cluster("start", "--nodes", str(len(cluster.nodes)), timeout=300)
+    assert restarted.returncode == 0, restarted.stderr
+
+    logs = train_logs(tmp_path)
+    assert len(logs) == 2, logs
+    assert f"Resuming from {out}/checkpoint-" in logs[1].read_text(errors="replace")
+    assert (out / "maxent_grpo_training_complete.json").is_file()
+    outcomes = [e["outcome"] for e in _events(out) if e["event"] == "outcome"]
+    assert outcomes == ["node_failure", "completed"], outcomes
