@@ -112,9 +112,10 @@ def test_bad_input_through_real_processes(case, tmp_path, tiny_model):
         if name == "grpo.py":
             assert "Traceback" not in result.stdout + result.stderr
         else:
-            # The launcher checks what the values decide; data and rewards are the trainers'
-            # (no TRL in the launcher). Their one line is the launcher's too, classified as
-            # permanent; the echoed train log may hold accelerate's own report of the failure.
+            # The launcher checks the values, local data files and reward names (no TRL in
+            # the launcher); what only the trainers can check (a hub dataset, a module:function
+            # reward) is their one line, the launcher's too, classified as permanent; the
+            # echoed train log may hold accelerate's own report of the failure.
             assert "Traceback" not in result.stderr
             if "training exited" in result.stdout:
                 assert "not retried: user_error is permanent" in result.stdout
