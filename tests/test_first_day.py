@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from helpers.paths import MAXENT_GRPO, PYTHON, REPO
 from helpers.recipes import small_recipe
 from helpers.resume import assert_resumed_from, event_count
@@ -19,6 +21,8 @@ from helpers.runs import child_env, run
 from maxent_grpo.errors import ConfigProblems, UserError
 from maxent_grpo.launch.launcher import RunRequest, prepare
 from maxent_grpo.launch.resume import changes_training
+from maxent_grpo.preflight import check_recipe
+from maxent_grpo.recipe import build_recipe, read_recipe
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
 from maxent_grpo.rundir.settings import read_settings
 
@@ -155,6 +159,13 @@ def test_local_data_and_reward_names_are_checked_before_launch(tmp_path, tiny_mo
     assert len(found) == 2, found
     assert f"dataset_name: column 'problem' not in {rows} (columns: question, solution)" in found[0]
     assert "unknown reward 'digit_fractoin'" in found[1]
+    # `check` (the trainers' checks too) reports the same two, not the reward error alone.
+    with pytest.raises(ConfigProblems) as checked:
+        check_recipe(build_recipe(read_recipe(["--config", str(typo)]), 1))
+    checked_lines = checked.value.problems
+    assert len(checked_lines) == 2, checked_lines
+    assert any("dataset_name: column 'problem' not in" in line for line in checked_lines)
+    assert any("unknown reward 'digit_fractoin'" in line for line in checked_lines)
     mixture = {"datasets": [{"path": str(table), "columns": ["problem", "answer"]}]}
     mixed = small_recipe(
         tmp_path, tiny_model, name="mix.yaml", dataset_name=None, dataset_mixture=mixture

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from maxent_grpo.benchmarks.checks import check_benchmarks
-from maxent_grpo.errors import ConfigError
+from maxent_grpo.errors import ConfigError, UserError
 from maxent_grpo.recipe import Recipe
 from maxent_grpo.recipe.checks import (
     REFERENCE,
@@ -33,10 +33,13 @@ def check_rewards(script_args, training_args) -> None:
         raise ConfigError(
             "reward_funcs: empty; give at least one reward function, e.g. reward_funcs: [accuracy]"
         )
-    funcs = get_reward_funcs(
-        script_args.reward_funcs,
-        **script_args.reward_settings(training_args.max_completion_length),
-    )
+    try:
+        funcs = get_reward_funcs(
+            script_args.reward_funcs,
+            **script_args.reward_settings(training_args.max_completion_length),
+        )
+    except UserError as exc:  # the registry's one line: one problem among the recipe's others
+        raise ConfigError(str(exc)) from None
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(funcs):
         raise ConfigError(
