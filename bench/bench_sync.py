@@ -28,21 +28,16 @@ def build_model(shape: str):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
+    from maxent_grpo.tiny_model import (
+        DEFAULT_TINY_MODEL_DIR,
+        QWEN2_5_0_5B_SIZES,
+        ensure_tiny_model,
+    )
 
     if shape == "tiny":
         path = ensure_tiny_model(Path(__file__).resolve().parents[1] / DEFAULT_TINY_MODEL_DIR)
         return AutoModelForCausalLM.from_pretrained(path)
-    config = AutoConfig.for_model(
-        "qwen2",
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    )
+    config = AutoConfig.for_model("qwen2", **QWEN2_5_0_5B_SIZES)
     return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
 
 

@@ -240,20 +240,14 @@ def build_qwen_shape(out: Path, device: str = "cuda") -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from maxent_grpo.tiny_model import _build_tokenizer  # the offline tokenizer recipe
+    from maxent_grpo.tiny_model import (
+        QWEN2_5_0_5B_SIZES,
+        _build_tokenizer,  # the offline tokenizer recipe
+    )
 
     tokenizer = _build_tokenizer()
     config = Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
+        **QWEN2_5_0_5B_SIZES,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -64,6 +64,22 @@ def _build_tokenizer():
     return tokenizer
 
 
+#: Qwen2.5-0.5B's sizes (from its config.json): the benchmarks build a randomly initialised
+#: model of this real architecture offline (bench/bench_sync.py, bench/gpu_kit/kit.py).
+QWEN2_5_0_5B_SIZES = {
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
+
+
 def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     """Write a tiny Qwen2 model + tokenizer to out_dir (atomically) and return the path."""
     import torch
