@@ -8,8 +8,8 @@ import pytest
 
 from helpers.paths import REPO
 
-# With CI set, a skip is a failure (see there).
-pytest_plugins = ["helpers.ci_skips"]
+# With CI set, a skip is a failure (see there); the in-process check/migrate fixtures.
+pytest_plugins = ["helpers.ci_skips", "helpers.migrating"]
 
 
 @pytest.fixture(scope="session")

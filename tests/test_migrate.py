@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from maxent_grpo import cli
+from helpers.migrating import run_cli
 from maxent_grpo.recipe.migrate import MARK, migrate_text
 from maxent_grpo.recipe.migrations import (
     ALIASES,
@@ -29,31 +29,6 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "open_r1"
 RECIPES = sorted(FIXTURES.glob("*.yaml"))
 # The one fixture already written for TRL 1.16 (dtype, warmup_steps, vllm_mode: server).
 PASSES_AS_IS = {"eval_on_7plus1.yaml"}
-
-
-@pytest.fixture
-def vllm_installed(tmp_path, monkeypatch):
-    site = tmp_path / "site"
-    (site / "vllm").mkdir(parents=True)
-    (site / "vllm" / "__init__.py").write_text("")
-    meta = site / "vllm-0.31.0.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.0\n")
-    monkeypatch.syspath_prepend(str(site))
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return work
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_there_are_at_least_12_open_r1_style_recipes():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from maxent_grpo import cli
+from helpers.migrating import run_cli
 from maxent_grpo.recipe.migrate import behaviour_differences, migrate_text
 from maxent_grpo.recipe.migrations import MIGRATIONS, UPSTREAM_REWARDS
 from maxent_grpo.recipe.schema import method_keys
@@ -23,31 +23,6 @@ from maxent_grpo.recipe.upstream_keys import KEPT, ORIGIN
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 UPSTREAM = sorted((FIXTURES / "upstream_maxent").glob("*.yaml"))
 OLDER_OPEN_R1 = sorted((FIXTURES / "open_r1").glob("older_*.yaml"))
-
-
-@pytest.fixture
-def vllm_installed(tmp_path, monkeypatch):
-    site = tmp_path / "site"
-    (site / "vllm").mkdir(parents=True)
-    (site / "vllm" / "__init__.py").write_text("")
-    meta = site / "vllm-0.31.0.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.0\n")
-    monkeypatch.syspath_prepend(str(site))
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return work
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("recipe", UPSTREAM + OLDER_OPEN_R1, ids=lambda p: p.stem)
