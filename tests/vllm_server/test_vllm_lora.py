@@ -5,10 +5,10 @@ adapters merged into the weights (TRL's _iter_named_params merges them for every
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
+from helpers.lora import max_logprob_change
 from helpers.paths import MAXENT_GRPO
 from helpers.recipes import SMOKE_VLLM, write_recipe
 from helpers.runs import run, step_logs
@@ -16,20 +16,6 @@ from maxent_grpo.errors import EXIT_CHECKPOINTED
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
 
 pytestmark = pytest.mark.vllm
-TEXT = "What is the sum of 12 plus 30? <think> 12 plus 30 </think> <answer> 42 </answer>"
-
-
-def max_logprob_change(base: Path, adapter: Path) -> float:
-    """How far the adapter moved the model: max |log p| difference on a fixed text."""
-    import torch
-    from peft import AutoPeftModelForCausalLM
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    ids = torch.tensor([AutoTokenizer.from_pretrained(base)(TEXT)["input_ids"]])
-    with torch.no_grad():
-        before = AutoModelForCausalLM.from_pretrained(base).eval()(ids).logits.log_softmax(-1)
-        after = AutoPeftModelForCausalLM.from_pretrained(adapter).eval()(ids).logits
-    return (after.log_softmax(-1) - before).abs().max().item()
 
 
 def test_lora_with_vllm_server_and_disk_sync_stops_resumes_and_stays_in_sync(tmp_path, tiny_model):
