@@ -64,8 +64,8 @@ def _build_tokenizer():
     return tokenizer
 
 
-#: Qwen2.5-0.5B's sizes (from its config.json): the benchmarks build a randomly initialised
-#: model of this real architecture offline (bench/bench_sync.py, bench/gpu_kit/kit.py).
+#: The sizes of Qwen2.5-0.5B, as in its config.json. The benchmarks build a randomly
+#: initialised model of this real architecture offline (bench/bench_sync.py, the GPU kit).
 QWEN2_5_0_5B_SIZES = {
     "vocab_size": 151936,
     "hidden_size": 896,
