@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from maxent_grpo.data.sources import source_kind
 from maxent_grpo.errors import ConfigError
 
 _UNSET: Any = object()
@@ -156,16 +157,10 @@ def _from_mapping(index: int, entry: dict[str, Any]) -> Benchmark:
     if base is None and bench.dataset.startswith("builtin:") and "num_examples" not in entry:
         bench = replace(bench, num_examples=200)
     if bench.split is None:
-        local = not bench.dataset.startswith("builtin:") and _looks_local(bench.dataset)
+        local = source_kind(bench.dataset) == "local"
         bench = replace(bench, split="train" if local else "test")
     _check_settings(where, bench)
     return bench
-
-
-def _looks_local(name: str) -> bool:
-    from maxent_grpo.data import source_kind  # imports datasets: seconds
-
-    return source_kind(name) == "local"
 
 
 def _one(index: int, entry: Any) -> Benchmark:

@@ -6,51 +6,38 @@ Sources are addressed as a hub id (`org/name`), `builtin:NAME` (generated, no ne
 local file/directory (.jsonl .json .parquet .csv). `load_datasets` returns a `DatasetDict` with
 the keys `train` and, when a test split exists, `test`.
 
-Modules: `builtin` (generated datasets), `mixture` (the `dataset_mixture` schema), `load`
+Modules: `sources` (what a name addresses; no `datasets` import), `builtin` (generated
+datasets), `mixture` (the `dataset_mixture` schema), `load`
 (sources, columns, conversion, preflight), `prompt_template` (plain-text prompts). They read
 the recipe's `ScriptArguments` attributes directly: the defaults live in the dataclass only.
 """
 
-from maxent_grpo.data.builtin import (
-    BUILTIN_COLUMNS,
-    BUILTIN_NAMES,
-    BUILTIN_PREFIX,
-    builtin_dataset,
-)
-from maxent_grpo.data.errors import (
-    DataError,
-)
-from maxent_grpo.data.load import (
-    load_datasets,
-    preflight_columns,
-    source_kind,
-    subsample,
-    to_conversation,
-)
-from maxent_grpo.data.mixture import (
-    DatasetMixture,
-    MixtureEntry,
-    parse_mixture,
-)
-from maxent_grpo.data.prompt_template import (
-    NAMED_TEMPLATES,
-    check_prompt_template,
-)
+import importlib
 
-__all__ = [
-    "BUILTIN_COLUMNS",
-    "BUILTIN_NAMES",
-    "BUILTIN_PREFIX",
-    "builtin_dataset",
-    "check_prompt_template",
-    "DataError",
-    "DatasetMixture",
-    "load_datasets",
-    "MixtureEntry",
-    "NAMED_TEMPLATES",
-    "parse_mixture",
-    "preflight_columns",
-    "source_kind",
-    "subsample",
-    "to_conversation",
-]
+# Loaded on first use: `datasets` takes seconds to import, and the launcher needs only
+# `sources` (what a name addresses) before any trainer starts.
+_HOMES = {
+    "BUILTIN_COLUMNS": "builtin",
+    "BUILTIN_NAMES": "builtin",
+    "builtin_dataset": "builtin",
+    "DataError": "errors",
+    "load_datasets": "load",
+    "preflight_columns": "load",
+    "subsample": "load",
+    "to_conversation": "load",
+    "DatasetMixture": "mixture",
+    "MixtureEntry": "mixture",
+    "parse_mixture": "mixture",
+    "NAMED_TEMPLATES": "prompt_template",
+    "check_prompt_template": "prompt_template",
+    "BUILTIN_PREFIX": "sources",
+    "LOCAL_FORMATS": "sources",
+    "source_kind": "sources",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -7,8 +7,8 @@ import random
 import datasets
 
 from maxent_grpo.data.errors import DataError
+from maxent_grpo.data.sources import BUILTIN_PREFIX
 
-BUILTIN_PREFIX = "builtin:"
 BUILTIN_NAMES = ("arithmetic", "word_problems", "mixed")
 BUILTIN_COLUMNS = ("problem", "solution")
 

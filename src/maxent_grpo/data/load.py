@@ -9,36 +9,18 @@ from typing import Any
 
 import datasets
 
-from maxent_grpo.data.builtin import BUILTIN_COLUMNS, BUILTIN_PREFIX, builtin_dataset
+from maxent_grpo.data.builtin import BUILTIN_COLUMNS, builtin_dataset
 from maxent_grpo.data.errors import DataError
 from maxent_grpo.data.mixture import DatasetMixture, MixtureEntry
 from maxent_grpo.data.prompt_template import render, resolve_template
+from maxent_grpo.data.sources import BUILTIN_PREFIX, LOCAL_FORMATS, source_kind
 
-LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 ANSWER_COLUMN_OUT = "solution"  # reward functions receive the reference answer as `solution=`
 
 
 # --------------------------------------------------------------------------------------------
 # Loading one source.
 # --------------------------------------------------------------------------------------------
-
-
-def source_kind(name: str, is_path: bool = False) -> str:
-    """Classify a dataset name as builtin, local or hub (`is_path`: it is a mixture `path`).
-
-    A known file suffix, an explicit path prefix or an existing path means local; anything else
-    (typically `org/name`) is a hub id.
-    """
-    if is_path:
-        return "local"
-    if name.startswith(BUILTIN_PREFIX):
-        return "builtin"
-    local = (
-        Path(name).suffix.lower() in LOCAL_FORMATS
-        or name.startswith(("/", "./", "../", "~"))
-        or Path(name).expanduser().exists()
-    )
-    return "local" if local else "hub"
 
 
 def local_files(path: str, where: str) -> tuple[str, list[str]]:

@@ -14,21 +14,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from maxent_grpo.data.sources import LOCAL_FORMATS, source_kind
 from maxent_grpo.errors import ConfigError
 
-# Kept in step with data/load.py LOCAL_FORMATS and source_kind (which import `datasets`).
-SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 COLUMNS_FIX = "set dataset_prompt_column / dataset_answer_column (or the mixture 'columns')"
-
-
-def _is_local(name: str) -> bool:
-    if name.startswith("builtin:"):
-        return False
-    return (
-        Path(name).suffix.lower() in SUFFIXES
-        or name.startswith(("/", "./", "../", "~"))
-        or Path(name).expanduser().exists()
-    )
 
 
 def _sources(values: Mapping[str, Any]) -> Iterator[tuple[str, str, list[str] | None]]:
@@ -41,14 +30,14 @@ def _sources(values: Mapping[str, Any]) -> Iterator[tuple[str, str, list[str] | 
                 yield entry["path"], f"dataset_mixture.datasets[{i}]", columns
         return
     name = values.get("dataset_name")
-    if isinstance(name, str) and _is_local(name):
+    if isinstance(name, str) and source_kind(name) == "local":
         yield name, "dataset_name", None
 
 
 def _first_file(path: Path) -> Path | None:
     if path.is_file():
-        return path if path.suffix.lower() in SUFFIXES else None
-    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in SUFFIXES)
+        return path if path.suffix.lower() in LOCAL_FORMATS else None
+    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in LOCAL_FORMATS)
     return files[0] if files else None
 
 
