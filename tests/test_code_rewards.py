@@ -293,3 +293,33 @@ def test_weak_mode_is_explicit_and_logged(no_bwrap, caplog):
     assert unit(completions, solution=["assert add(2, 3) == 5"] * 2) == [1.0, 0.0]
     with pytest.raises(RewardError, match="code_sandbox must be one of bwrap, weak"):
         get_reward_funcs(["code"], code_sandbox="none")
+
+
+def test_a_root_trainer_whose_python_nobody_cannot_reach_is_refused_in_one_line(monkeypatch):
+    def no_view():
+        raise OSError("cannot make /root reachable for uid 65534: mount: Operation not permitted")
+
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(sandbox, "_root_view", no_view)
+    sandbox.isolation_problem.cache_clear()
+    try:
+        with pytest.raises(RewardError) as err:
+            get_reward_funcs(["code"])
+    finally:
+        sandbox.isolation_problem.cache_clear()
+    message = str(err.value)
+    assert "the trainer is root and cannot make /root reachable for uid 65534" in message
+    assert "\n" not in message and "code_sandbox: weak" in message
+
+
+def test_hidden_ancestors_are_the_topmost_directories_nobody_cannot_search(tmp_path):
+    base = tmp_path / "base"
+    (base / "open" / "shut" / "python").mkdir(parents=True)
+    base.chmod(0o755)
+    (base / "open" / "shut").chmod(0o700)
+    tmp_path.chmod(0o755)
+    above = sandbox._hidden_ancestors([str(tmp_path)])  # pytest's own directories (700)
+    python = str(base / "open" / "shut" / "python")
+    assert sandbox._hidden_ancestors([python]) == (above or [str(base / "open" / "shut")])
+    (base / "open" / "shut").chmod(0o711)
+    assert sandbox._hidden_ancestors([python]) == above

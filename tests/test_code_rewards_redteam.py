@@ -12,6 +12,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -87,6 +88,26 @@ def test_an_object_equal_to_everything_scores_0():
     assert unit_score(always + "def add(a, b):\n    return Yes()") == 0.0
     assert unit_score(always + "def add(a, b):\n    return YesInt(0)") == 0.0
     assert unit_score(always + "def add(a, b):\n    return Yes()", "assert add(2, 3)") == 0.0
+
+
+def test_an_object_answering_for_a_nested_operand_scores_0():
+    """Attack: the result's own __sub__ (inside abs(...) < eps), its __eq__ inside an `or`, or
+    a method called on it (startswith) answers for it, given the test's value. Verdict: 0.0
+    (nested operands must be plain data too); the honest program still scores 1.0."""
+    cheat = (
+        "class Near:\n    __sub__ = lambda self, other: 0.0\n    __eq__ = lambda s, o: True\n"
+        "    startswith = lambda self, prefix: True\n"
+        "def add(a, b):\n    return Near()\n"
+        "def greet(name):\n    return Near()\n"
+    )
+    honest = "def add(a, b):\n    return a + b\ndef greet(name):\n    return 'hi ' + name\n"
+    tests = [
+        "assert abs(add(2, 3) - 5) < 1e-9",
+        "assert add(2, 3) == 5 or add(2, 3) == 6",
+        "assert greet('bo').startswith('hi b')",
+    ]
+    assert [unit_score(honest, t) for t in tests] == [1.0, 1.0, 1.0]
+    assert [unit_score(cheat, t) for t in tests] == [0.0, 0.0, 0.0]
 
 
 def test_a_patched_runner_scores_0():
@@ -245,6 +266,47 @@ def test_the_program_is_an_unprivileged_uid_with_no_capability():
     # setuid(0): EINVAL (uid 0 has no mapping in its user namespace) or EPERM
     assert ids.split()[:4] == ["65534", "65534", "0000000000000000", "1"] and errno in ("1", "22")
     assert ids.split()[4] == ("2" if os.uname().machine == "x86_64" else "0")
+
+
+def _status_ids(pid: int) -> tuple[int, int, int]:
+    """Real uid, real gid and parent of a process, as the host sees them."""
+    with open(f"/proc/{pid}/status") as status:
+        fields = dict(line.split(":", 1) for line in status)
+    uid, gid = (int(fields[key].split()[0]) for key in ("Uid", "Gid"))
+    return uid, gid, int(fields["PPid"])
+
+
+def test_the_program_is_not_root_outside_its_namespace_either():
+    """Attack: a root trainer's user namespace maps the program's uid 65534 to root on the host
+    (what a kernel or namespace escape would then be). Verdict: seen from the host, the program
+    and both bwrap processes above it run as uid and gid 65534 (the trainer's uid when it is
+    not root), never 0."""
+    token = "mx" + secrets.token_hex(6)
+    source = f"import time\nopen('/proc/self/comm', 'w').write({token!r})\ntime.sleep(3)\n"
+    done: list = []
+    runner = threading.Thread(target=lambda: done.append(run_python(source, "", FAST)))
+    runner.start()
+    try:
+        program, deadline = None, time.monotonic() + 2.5
+        while program is None and time.monotonic() < deadline:
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    if open(f"/proc/{pid}/comm").read().strip() == token:
+                        program = int(pid)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        assert program is not None, "the sandboxed program was not found"
+        chain, pid = [], program
+        while pid != os.getpid() and len(chain) < 3:
+            uid, gid, pid = _status_ids(pid)
+            chain.append((uid, gid))
+    finally:
+        runner.join()
+    expected = 65534 if os.geteuid() == 0 else os.geteuid()
+    assert pid == os.getpid() and len(chain) == 3  # the program, bwrap's init, bwrap
+    assert chain == [(expected, 65534 if os.geteuid() == 0 else os.getegid())] * 3
+    assert done[0].status == "timeout"
 
 
 def test_no_descriptor_of_the_trainer_is_inherited(tmp_path):

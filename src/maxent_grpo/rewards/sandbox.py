@@ -5,6 +5,10 @@ bubblewrap (``bwrap``) sandbox with
 
 - its own user, mount, PID, network, IPC, UTS and cgroup namespaces; inside, the program is uid
   and gid 65534 with no capability, ``no_new_privs`` set and nested user namespaces disabled;
+  outside, it is the trainer's uid, and never root: a root trainer starts bwrap itself as uid
+  and gid 65534 with no supplementary group (a user namespace maps to its creator's uid), in a
+  private mount namespace where the Python installation is reachable for that uid
+  (:func:`_root_view`: a Python under ``/root``, mode 700, is not);
 - a new root holding only the Python installation and the system libraries, read-only, its own
   ``/proc`` (only its own processes) and a minimal ``/dev``; the working directory ``/box`` is a
   tmpfs capped at ``Limits.disk_mb``: nothing of the trainer's files, environment or processes;
@@ -24,7 +28,9 @@ determined program escapes).
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import json
 import logging
 import math
 import os
@@ -34,6 +40,7 @@ import selectors
 import shutil
 import signal
 import site
+import stat
 import struct
 import subprocess
 import sys
@@ -52,6 +59,8 @@ _ENV_KEEP = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 ISOLATIONS = ("bwrap", "weak")
 _BOX = "/box"  # the program's working directory inside the bwrap sandbox
 _SANDBOX_ID = "65534"  # uid and gid of the program inside its user namespace ("nobody")
+_NOBODY = 65534  # and outside it, when the trainer is root
+_CLONE_NEWNS = 0x00020000
 
 # x86-64 system calls the program gets EPERM for: processes and threads (clone, clone3, fork,
 # vfork), other processes' memory, mounts and namespaces, keyrings, kernel modules, BPF,
@@ -114,6 +123,12 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
+def _readonly_sources() -> list[str]:
+    """The host directories bound read-only into the sandbox."""
+    paths = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", sys.base_prefix)
+    return [path for path in paths if not os.path.islink(path) and os.path.isdir(path)]
+
+
 def _readonly_binds() -> list[str]:
     """bwrap arguments exposing the interpreter and the system libraries, read-only.
 
@@ -122,15 +137,108 @@ def _readonly_binds() -> list[str]:
     (38 ms down to 12 ms per run here).
     """
     args = []
-    for path in ("/usr/lib", "/usr/lib64", "/lib", "/lib64", sys.base_prefix):
+    for path in ("/usr/lib", "/usr/lib64", "/lib", "/lib64"):
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
+    for path in _readonly_sources():
+        args += ["--ro-bind", path, path]
     for path in site.getsitepackages([sys.base_prefix]):
         if os.path.isdir(path):
             args += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
     return args
+
+
+def _searchable_by_nobody(path: str) -> bool:
+    info = os.stat(path)
+    if info.st_uid == _NOBODY:
+        return bool(info.st_mode & stat.S_IXUSR)
+    if info.st_gid == _NOBODY:
+        return bool(info.st_mode & stat.S_IXGRP)
+    return bool(info.st_mode & stat.S_IXOTH)
+
+
+def _hidden_ancestors(sources: list[str]) -> list[str]:
+    """The topmost directories above the sources that uid 65534 cannot search (/root, 700)."""
+    hidden: list[str] = []
+    for source in sources:
+        parts = Path(source).parts
+        for depth in range(2, len(parts)):
+            ancestor = os.path.join(*parts[:depth])
+            if any(ancestor == h or ancestor.startswith(h + "/") for h in hidden):
+                break
+            if not _searchable_by_nobody(ancestor):
+                hidden.append(ancestor)
+                break
+    return hidden
+
+
+# Run as root in a helper process: a private mount namespace where each hidden ancestor is
+# covered by an empty tmpfs (mode 755) and the sources are bound back at their own paths.
+_VIEW_HELPER = r"""
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    if getattr(libc, name)(*args) != 0:
+        raise OSError(ctypes.get_errno(), name + ": " + os.strerror(ctypes.get_errno()))
+plan = json.loads(sys.argv[1])
+call("unshare", 0x00020000)
+call("mount", b"none", b"/", None, 0x4000 | 0x40000, None)
+held = {source: os.open(source, os.O_PATH | os.O_DIRECTORY) for source in plan["binds"]}
+for path in plan["hide"]:
+    call("mount", b"maxent-view", path.encode(), b"tmpfs", 0x2 | 0x4, b"mode=755,size=1m")
+os.umask(0o022)
+for source, fd in held.items():
+    os.makedirs(source, exist_ok=True)
+    call("mount", f"/proc/self/fd/{fd}".encode(), source.encode(), None, 0x1000 | 0x4000, None)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+@functools.cache
+def _root_view() -> int | None:
+    """For a root trainer, a descriptor of the mount namespace that bwrap starts in as uid 65534.
+
+    None when that uid can already reach every read-only source; otherwise a private mount
+    namespace (nothing changes on the host) where the hidden ancestors are empty directories
+    and the sources are bound back, read by a helper that exits once this holds it.
+    """
+    sources = [path for path in _readonly_sources() if path != "/"]
+    hidden = _hidden_ancestors(sources)
+    if not hidden:
+        return None
+    binds = [s for s in sources if any(s.startswith(h + "/") for h in hidden)]
+    plan = json.dumps({"hide": hidden, "binds": binds})
+    helper = subprocess.Popen(
+        [interpreter(), "-I", "-S", "-c", _VIEW_HELPER, plan],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        if helper.stdout.readline().strip() != "ready":
+            why = (helper.communicate(timeout=10)[1].strip().splitlines() or ["no reason"])[-1]
+            raise OSError(f"cannot make {', '.join(hidden)} reachable for uid 65534: {why}")
+        _libc()  # loaded here: the forked child only calls setns
+        return os.open(f"/proc/{helper.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        helper.kill()
+        helper.communicate()
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _become_nobody(view: int | None) -> None:
+    """preexec_fn part (root trainer): enter the view, then uid and gid 65534, no groups."""
+    if view is not None and _libc().setns(view, _CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "setns")
+    os.setgroups([])
+    os.setresgid(_NOBODY, _NOBODY, _NOBODY)
+    os.setresuid(_NOBODY, _NOBODY, _NOBODY)
 
 
 def interpreter() -> str:
@@ -162,6 +270,11 @@ def isolation_problem() -> str | None:
         return f"the code sandbox needs Linux namespaces (this is {sys.platform})"
     if shutil.which("bwrap") is None:
         return "bubblewrap (bwrap) is not installed (apt-get install bubblewrap)"
+    if os.geteuid() == 0:
+        try:
+            _root_view()
+        except OSError as err:
+            return f"the trainer is root and {err}"
     result = run_python("print(6 * 7)", "", Limits(wall_seconds=20))
     if result.stdout.strip() == "42":
         return None
@@ -190,8 +303,13 @@ def require(isolation: str) -> None:
         )
 
 
-def _limit_child(limits: Limits) -> None:
-    """preexec_fn: runs in the child between fork and exec (no locks, no logging here)."""
+def _limit_child(limits: Limits, nobody: bool = False, view: int | None = None) -> None:
+    """preexec_fn: runs in the child between fork and exec (no locks, no logging here).
+
+    With ``nobody`` (bwrap started by a root trainer), it first becomes uid 65534.
+    """
+    if nobody:
+        _become_nobody(view)
     cpu = limits.cpu_limit
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL
     memory = limits.memory_mb << 20
@@ -241,12 +359,15 @@ def run_command(
     cwd: str | None = None,
     pass_fds: tuple[int, ...] = (),
     channel: bool = False,
+    nobody: bool = False,
 ) -> RunResult:
     """Run argv under the limits in its own session; stdout and stderr come back over pipes.
 
     With ``channel``, a third pipe is passed too (an argument ``{channel}`` becomes its
-    descriptor) and what the child writes there comes back as ``RunResult.channel``.
+    descriptor) and what the child writes there comes back as ``RunResult.channel``. With
+    ``nobody`` (a root trainer only), argv starts as uid and gid 65534 in :func:`_root_view`.
     """
+    view = _root_view() if nobody else None
     names = ("stdout", "stderr", "channel") if channel else ("stdout", "stderr")
     pipes = {name: os.pipe() for name in names}
     channel_fd = str(pipes["channel"][1]) if channel else ""
@@ -263,7 +384,7 @@ def run_command(
             close_fds=True,
             pass_fds=(*pass_fds, *([pipes["channel"][1]] if channel else [])),
             start_new_session=True,  # its own process group, killed as one below
-            preexec_fn=functools.partial(_limit_child, limits),  # noqa: PLW1509 - no threads here
+            preexec_fn=functools.partial(_limit_child, limits, nobody, view),  # noqa: PLW1509
         )
     finally:
         for _, write_end in pipes.values():
@@ -336,7 +457,14 @@ def run_python(
         argv += [f"{_BOX}/runner.py", str(fds["control"]), "{channel}"]
     try:
         channel = runner is not None
-        return run_command(argv, stdin.encode(), limits, pass_fds=(*fds.values(),), channel=channel)
+        return run_command(
+            argv,
+            stdin.encode(),
+            limits,
+            pass_fds=(*fds.values(),),
+            channel=channel,
+            nobody=os.geteuid() == 0,  # a user namespace made by root maps to root outside
+        )
     finally:
         for fd in fds.values():
             os.close(fd)
