@@ -6,9 +6,11 @@ while it ran on its own) and runs them one statement at a time in the program's 
 Every ``assert`` of the tests was rewritten by the trainer (:mod:`maxent_grpo.rewards.unit_tests`)
 into a call of ``__maxent_check__``, which writes the operands, reduced to plain data (exact
 built-in types only), to the CHANNEL pipe; a ``done`` record follows each statement that ran to
-its end. The trainer compares the operands itself and scores a statement only with its
-``done`` record: an early exit, an exception hook or an object equal to everything fails.
-Only the standard library is used: this file runs under the sandbox's bare interpreter.
+its end; ``__maxent_plain__`` guards the values nested in the operands (the same exact types,
+else the statement stops). The trainer compares the operands itself and scores a statement
+only with its ``done`` record: an early exit, an exception hook or an object equal to
+everything fails. Only the standard library is used: this file runs under the sandbox's bare
+interpreter.
 """
 
 import json
@@ -57,7 +59,12 @@ def main(control_fd, channel_fd, write=os.write, dumps=json.dumps, plain_=plain,
             print(f"test {statement[0]}: operand not plain data ({err})", file=sys.stderr)
         record(ops=ops, values=values)
 
+    def checked(value):
+        plain_(value)  # raises for anything but plain data: the statement stops, no done record
+        return value
+
     namespace["__maxent_check__"] = check
+    namespace["__maxent_plain__"] = checked
     for index, source in enumerate(control["tests"]):
         statement[0] = index
         exec(compile(source, f"test_{index}", "exec"), namespace)

@@ -2,7 +2,9 @@
 
 :func:`prepare` splits the row's tests into top-level statements and rewrites every ``assert``
 into ``__maxent_check__(ops, operand, ...)``: the operands of a comparison (``a == b``,
-``x in y``, chains too) or the asserted value. :func:`verdict` reads what the runner
+``x in y``, chains too) or the asserted value; inside them, the operands of nested comparisons
+and arithmetic and the object of a method called on a result pass ``__maxent_plain__``, which
+stops the statement unless they are plain data. :func:`verdict` reads what the runner
 (:mod:`maxent_grpo.rewards.unit_child`) sent back: every statement must have its ``done``
 record and every check must hold when evaluated here, on the operands rebuilt from their
 ``repr`` with ``ast.literal_eval``; the program's own ``__eq__`` or ``__bool__`` never decides.
@@ -34,6 +36,41 @@ _OPS = {
 }
 
 
+def _plain_checked(node: ast.expr) -> ast.expr:
+    if isinstance(node, ast.Constant):
+        return node
+    call = ast.Call(func=ast.Name(id="__maxent_plain__", ctx=ast.Load()), args=[node], keywords=[])
+    return ast.copy_location(call, node)
+
+
+class _Nested(ast.NodeTransformer):
+    """Inside an assert's operands: the values that meet the test's own values (the operands of
+    nested comparisons and arithmetic, the object of a method called on a result) must be
+    plain data, so that an object's ``__sub__`` or ``startswith`` cannot answer for it."""
+
+    def visit_Compare(self, node: ast.Compare) -> ast.expr:
+        self.generic_visit(node)
+        node.left = _plain_checked(node.left)
+        node.comparators = [_plain_checked(c) for c in node.comparators]
+        return node
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+        self.generic_visit(node)
+        node.left, node.right = _plain_checked(node.left), _plain_checked(node.right)
+        return node
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
+        self.generic_visit(node)
+        node.operand = _plain_checked(node.operand)
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.expr:
+        self.generic_visit(node)
+        if isinstance(node.value, ast.Call):
+            node.value = _plain_checked(node.value)
+        return node
+
+
 class _Asserts(ast.NodeTransformer):
     def visit_Assert(self, node: ast.Assert) -> ast.stmt:
         test = node.test
@@ -42,6 +79,7 @@ class _Asserts(ast.NodeTransformer):
             operands = [test.left, *test.comparators]
         else:
             ops, operands = [], [test]
+        operands = [_Nested().visit(operand) for operand in operands]
         call = ast.Call(
             func=ast.Name(id="__maxent_check__", ctx=ast.Load()),
             args=[ast.Constant(value=tuple(ops)), *operands],
