@@ -27,7 +27,10 @@ from maxent_grpo.rundir.heartbeat import heartbeat_dir
 
 pytestmark = pytest.mark.integration
 
-HANG_TIMEOUT = 20
+# Far above the longest silence of a healthy rank here (0.3 s between two heartbeats, the
+# first generation included, on 2 loaded CPUs; before its first heartbeat a rank gets 300 s
+# whatever the value): every second of it is waited out after the SIGSTOP.
+HANG_TIMEOUT = 5
 
 
 def rank_pid(output_dir: Path, rank: int, timeout: float = 60) -> int:
@@ -102,12 +105,13 @@ def test_training_sh_with_a_stopped_rank_exits_by_itself(tmp_path, tiny_model):
     name = f"hang-test-{uuid.uuid4().hex[:8]}"
     out = REPO / "outputs" / name
     args = ["bash", "training.sh", "--run-name", name, "--logs-dir", str(tmp_path / "logs")]
-    args += ["--", "--hang_timeout", "20", "--max_steps", "2000"]
+    args += ["--", "--hang_timeout", str(HANG_TIMEOUT), "--max_steps", "2000"]
     args += ["--save_steps", "1000", "--model_name_or_path", str(tiny_model)]
     try:
         run = Launched(tmp_path, args=args)
         code, took = stop_rank_and_wait(run, out)
-        print(f"\nMEASURED training.sh, stopped rank -> exit: {took:.1f}s (hang_timeout 20)")
+        took_text = f"{took:.1f}s (hang_timeout {HANG_TIMEOUT})"
+        print(f"\nMEASURED training.sh, stopped rank -> exit: {took_text}")
         assert code != 0 and took <= HANG_TIMEOUT + 30, (code, took, run.text[-3000:])
         assert_hang_reported(run, out)
         left, _ = wait_until_gone(marker=name, timeout=20)
