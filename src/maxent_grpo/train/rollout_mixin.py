@@ -164,7 +164,7 @@ class RolloutMixin:
         tally = StepTally(carried_in=int(self._sum_over_processes([len(pool)])[0]))
         names = list(self._rollout_filters)
         per_filter = dict.fromkeys(names, 0.0)
-        last_output = None
+        last_output, kept_here = None, 0
         while tally.rounds < config.max_generation_rounds:
             if self._max_over_processes(need - len(pool)) <= 0:
                 break
@@ -175,6 +175,7 @@ class RolloutMixin:
             )
             last_output, kept, generated, counts = self._score_round(rows)
             pool.extend(kept)
+            kept_here += len(kept)
             sums = self._sum_over_processes([generated, len(kept)] + [counts[n] for n in names])
             tally.generated += int(sums[0])
             tally.kept += int(sums[1])
@@ -201,11 +202,13 @@ class RolloutMixin:
         if self._rollout_skip:
             logger.warning(
                 "rollouts: step %d skipped: a process kept no usable group after %d rounds "
-                "(%d of %d groups kept; %d carried over, %d dropped); weights unchanged",
+                "(%d of %d groups kept, %d of them by this process; %d carried over, "
+                "%d dropped); weights unchanged",
                 step,
                 tally.rounds,
                 tally.kept,
                 tally.generated,
+                kept_here,
                 tally.carried_out,
                 tally.dropped,
             )
