@@ -1,22 +1,42 @@
 """vllm_weight_sync: lora against a real vLLM server (CPU build): only the adapter goes to the
-server (vLLM's runtime LoRA loading), and the server's completions come from it."""
+server (vLLM's runtime LoRA loading), the server's completions come from it, and a run stopped
+at a checkpoint and resumed sends the checkpoint's adapter before its first generation.
+
+One server (started as the launcher starts it: plan.make_plan -> server.VLLMServer) serves both
+attempts of one run: the resumed trainer finds it holding the adapter of the stopped attempt's
+last sync (one step older than the checkpoint), so a resume that did not push the checkpoint's
+adapter would show in TRL's logprob check at once.
+"""
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from helpers.lora import max_logprob_change
-from helpers.paths import MAXENT_GRPO
+from helpers.procs import wait_until_gone
 from helpers.recipes import SMOKE_VLLM, write_recipe
-from helpers.runs import run, step_logs
-from maxent_grpo.rundir.checkpoints import run_is_complete
+from helpers.resume import assert_resumed_from, event_count
+from helpers.runs import child_env, run, step_logs
+from maxent_grpo.launch.plan import Environment, Ports, make_plan
+from maxent_grpo.launch.processes import free_port
+from maxent_grpo.launch.server import VLLMServer
+from maxent_grpo.recipe import read_recipe
+from maxent_grpo.rundir.checkpoints import (
+    clear_stop_request,
+    last_complete_checkpoint,
+    run_is_complete,
+)
+from maxent_grpo.train.vllm_sync import LORA_DIRNAME
 
 pytestmark = pytest.mark.vllm
 
 
-def test_lora_sync_sends_the_adapter_and_the_server_generates_with_it(tmp_path, tiny_model):
+def test_lora_sync_sends_the_adapter_resumes_and_the_server_generates_with_it(tmp_path, tiny_model):
+    started = time.monotonic()
     out = tmp_path / "out"
     recipe = write_recipe(
         tmp_path,
@@ -29,25 +49,62 @@ def test_lora_sync_sends_the_adapter_and_the_server_generates_with_it(tmp_path, 
         lora_dropout=0.0,  # dropout in the trainer's logprobs would differ from the server's
         learning_rate=3.0e-2,
         vllm_weight_sync="lora",
+        # The smoke rewards, and one that asks the run to stop at step 2 (weight 0).
+        reward_funcs=[
+            "answer_match",
+            "format",
+            "tag_count",
+            "length",
+            "tests.helpers.stop_rewards:stop_at_step",
+        ],
+        reward_weights=[1.0, 0.5, 0.5, 0.5, 0.0],
         max_completion_length=16,
-        max_steps=3,
-        output_dir=str(out),
+        max_steps=4,
+        save_steps=1000,  # the only checkpoint before the end is the stop's
     )
-    result = run([MAXENT_GRPO, "run", "--config", str(recipe)], timeout=900)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "--enable-lora --max-lora-rank 8" in result.stdout
+    ports = Ports(vllm=free_port(), vllm_group=free_port(), main_process=free_port())
+    plan = make_plan(
+        Environment(python=sys.executable), read_recipe(["--config", str(recipe)]), ports
+    )
+    assert "--enable-lora --max-lora-rank 8" in " ".join(plan.server.command)
+    assert plan.server.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    server = VLLMServer(plan.server, tmp_path / "logs" / "vllm.log", child_env()).start()
+    try:
+        server.wait_until_healthy()
+        env = dict(plan.train.env, MAXENT_GRPO_TEST_STOP_AT="2", MAXENT_GRPO_TEST_STOP_DIR=str(out))
+        first = run(list(plan.train.command), timeout=900, **env)
+        assert last_complete_checkpoint(out) == out / "checkpoint-2", (
+            first.stdout[-4000:] + first.stderr[-2000:]
+        )
+        assert not run_is_complete(out)
+        clear_stop_request(out)  # what the launcher does before the next attempt
+        before = event_count(out)
+        second = run(list(plan.train.command), timeout=900, **env)
+        assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-2000:]
+    finally:
+        server.stop()
+        left, _ = wait_until_gone({server.pid}, timeout=15)
+    took = time.monotonic() - started
+    print(f"\nMEASURED LoRA sync, 2 attempts on 1 vLLM CPU server (4 steps): {took:.0f}s")
+    assert not left, left
     assert run_is_complete(out)
+    assert_resumed_from(out, before, checkpoint=2, max_steps=4, log=second.stdout + second.stderr)
 
     steps = step_logs(out)
+    assert sorted(steps) == [1, 2, 3, 4]
     model_bytes = sum(f.stat().st_size for f in Path(tiny_model).glob("*.safetensors"))
     sent = [steps[s]["vllm/weight_sync_bytes"] for s in sorted(steps)]
-    print(f"\nMEASURED bytes per sync: adapter {sent[0]:.0f}, full model {model_bytes}")
+    print(f"MEASURED bytes per sync: adapter {sent}, full model {model_bytes}")
     assert all(0 < b < model_bytes / 2 for b in sent)
     # TRL's check at every step: the server's logprobs of the tokens it sampled against the
-    # trainer's (adapter active): equal only if the server generated with the newest adapter.
+    # trainer's (adapter active): equal only if the server generated with the newest adapter,
+    # on the resumed steps 3 and 4 too.
     differences = [steps[s]["sampling/sampling_logp_difference/max"] for s in sorted(steps)]
     print(f"MEASURED server vs trainer max logprob difference per step: {differences}")
     assert max(differences) < 1e-4
     change = max_logprob_change(tiny_model, out)
     print(f"MEASURED the adapter's max logprob change vs the base model: {change:.3g}")
     assert change > 1e-3  # a server generating with the base model would have been far off
+    # Only the adapter the server holds now is left (the stopped attempt's one was removed
+    # at the resumed attempt's first sync).
+    assert len(list((out / LORA_DIRNAME).iterdir())) == 1

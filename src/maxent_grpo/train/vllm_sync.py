@@ -9,7 +9,9 @@ Recipe key `vllm_weight_sync` (recipe.keys.GRPOConfig), used with `use_vllm: tru
 - `lora` (use_peft): rank 0 saves only the adapter (PEFT's save_pretrained) under
   `output_dir/.vllm_lora/` and the server loads it in place through vLLM's runtime LoRA API
   (`POST /v1/load_lora_adapter`); generation then names the adapter as its model. A resumed
-  or requeued run's first sync sends the adapter it loaded from the checkpoint.
+  or requeued run's first sync sends the adapter it loaded from the checkpoint (and removes
+  the stopped attempt's adapter files). The last adapter's files stay until the next sync:
+  vLLM may read them again after evicting the adapter from its cache.
 - `disk`: every rank takes part in gathering the parameters (ZeRO-3/FSDP/PEFT handled by
   TRL's own iterator), rank 0 writes them as safetensors into a fresh directory under
   `output_dir/.vllm_weights/`, and the server reloads them through its dev-mode endpoint
@@ -241,9 +243,11 @@ def lora_generation_class():
                 load_lora_adapter(self.vllm_client, target)
                 self.vllm_client.model = LORA_NAME  # TRL's requests name this model
                 self.vllm_client.reset_prefix_cache()
-                # the previous adapter's files: no longer the server's
-                if self.loaded is not None:
-                    shutil.rmtree(self.loaded, ignore_errors=True)
+                # The previous adapters' files, no longer the server's: this process's last one
+                # and, at a resumed or requeued attempt's first sync, the stopped attempt's.
+                for stale in self.weights_dir.glob("sync-*"):
+                    if stale != target:
+                        shutil.rmtree(stale, ignore_errors=True)
                 self.loaded = target
             accelerator.wait_for_everyone()
 
