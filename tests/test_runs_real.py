@@ -1,5 +1,5 @@
 """`maxent-grpo runs` and `maxent-grpo plot` on runs made for real on the tiny model, through
-the launcher and the trainer, in every state (integration: ~1-5 min on 2 CPUs). The same
+the launcher and the trainer, in every state (integration: about 30 s on 2 CPUs). The same
 reader on synthetic event logs: tests/test_runs.py."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from helpers.paths import MAXENT_GRPO, PYTHON, REPO, SMOKE, SMOKE_MAXENT
 from helpers.procs import wait_for
-from helpers.recipes import small_recipe
+from helpers.recipes import ONE_THREAD, small_recipe
 from helpers.runs import child_env, log_history, run
 from maxent_grpo.rundir.checkpoints import CHECKPOINT_MARKER, request_stop
 from maxent_grpo.rundir.events import read_events
@@ -44,6 +45,7 @@ class RealRuns:
 def _recipe(work: Path, name: str, tiny_model: Path, base: Path = SMOKE, **keys) -> Path:
     """A small recipe work/NAME.yaml, one process, output in work/outputs/NAME."""
     layout = dict(output_dir=str(work / "outputs" / name), num_processes=1, save_steps=2)
+    layout.update(ONE_THREAD)
     # The step length the stop-request race of _stopped_then_resumed_run was sized with.
     layout.update(max_completion_length=16)
     return small_recipe(work, tiny_model, base, f"{name}.yaml", **{**layout, **keys})
@@ -122,7 +124,7 @@ def _stopped_then_resumed_run(work: Path, tiny_model: Path, runs: RealRuns) -> N
 
 @pytest.fixture(scope="module")
 def real_runs(tmp_path_factory, tiny_model) -> RealRuns:
-    """One run in each state, made for real; shared by the tests below (~3-5 min on 2 CPUs)."""
+    """One run in each state and a maxent run, made for real; shared by the tests below."""
     work = tmp_path_factory.mktemp("runs")
     (work / "logs").mkdir()
     runs = RealRuns(work)
@@ -145,10 +147,25 @@ def real_runs(tmp_path_factory, tiny_model) -> RealRuns:
         recipe = _recipe(work, "failed", tiny_model, model_name_or_path=model)
         runs.results["failed"] = _launch(work, recipe, "failed")
 
-    timed("done", done)
-    timed("killed", lambda: _killed_run(work, tiny_model, runs))
-    timed("bad", bad)
-    timed("failed", failed)
+    def maxent() -> None:  # the other method, in a folder of its own (its only run)
+        folder = work / "maxent"
+        folder.mkdir()
+        recipe = _recipe(folder, "mx", tiny_model, base=SMOKE_MAXENT, max_steps=3, save_steps=3)
+        args = [MAXENT_GRPO, "run", "--method", "maxent", "--config", str(recipe)]
+        runs.results["mx"] = run([*args, "--run-name", "mx"], cwd=folder)
+
+    # The one-process runs are independent: two at a time, one thread each (ONE_THREAD in
+    # _recipe; the launcher would give a lone trainer both CPUs). The resumed run then alone.
+    with ThreadPoolExecutor(2) as pool:
+        made = [
+            pool.submit(timed, "done", done),
+            pool.submit(timed, "failed", failed),
+            pool.submit(timed, "maxent", maxent),
+            pool.submit(timed, "killed", lambda: _killed_run(work, tiny_model, runs)),
+            pool.submit(timed, "bad", bad),
+        ]
+        for future in made:
+            future.result()
     timed("resumed", lambda: _stopped_then_resumed_run(work, tiny_model, runs))
     print(f"real runs made in {runs.seconds}")
     return runs
@@ -268,19 +285,16 @@ def test_plot_of_a_real_run(real_runs):
 
 
 @pytest.mark.integration
-def test_maxent_run_is_named_and_plotted(tmp_path, tiny_model):
-    recipe = _recipe(tmp_path, "mx", tiny_model, base=SMOKE_MAXENT, max_steps=3, save_steps=3)
-    result = run(
-        [MAXENT_GRPO, "run", "--method", "maxent", "--config", str(recipe), "--run-name", "mx"],
-        cwd=tmp_path,
-    )
+def test_maxent_run_is_named_and_plotted(real_runs):
+    folder = real_runs.work / "maxent"
+    result = real_runs.results["mx"]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (row,) = collect_runs([tmp_path / "outputs", tmp_path / "logs"])
+    (row,) = collect_runs([folder / "outputs", folder / "logs"])
     assert (row.run, row.method, row.state, row.step) == ("mx", "maxent", "completed", 3)
-    plotted = run([MAXENT_GRPO, "plot", "mx"], cwd=tmp_path)
+    plotted = run([MAXENT_GRPO, "plot", "mx"], cwd=folder)
     assert plotted.returncode == 0, plotted.stderr
     # by default beside the run's output, not in the directory the command ran in
-    assert (tmp_path / "outputs" / "mx" / "mx.png").read_bytes().startswith(PNG_SIGNATURE)
-    header = (tmp_path / "outputs" / "mx" / "mx.csv").read_text().splitlines()[0].split(",")
+    assert (folder / "outputs" / "mx" / "mx.png").read_bytes().startswith(PNG_SIGNATURE)
+    header = (folder / "outputs" / "mx" / "mx.csv").read_text().splitlines()[0].split(",")
     for key in ("maxent/weight_entropy", "maxent/ess", "maxent/beta", "maxent/tau"):
         assert key in header, header
