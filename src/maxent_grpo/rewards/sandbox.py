@@ -8,7 +8,7 @@ bubblewrap (``bwrap``) sandbox with
   outside, it is the trainer's uid, and never root: a root trainer starts bwrap itself as uid
   and gid 65534 with no supplementary group (a user namespace maps to its creator's uid), in a
   private mount namespace where the Python installation is reachable for that uid
-  (:func:`_root_view`: a Python under ``/root``, mode 700, is not);
+  (``_root_view``: a Python under ``/root``, mode 700, is not);
 - a new root holding only the Python installation and the system libraries, read-only, its own
   ``/proc`` (only its own processes) and a minimal ``/dev``; the working directory ``/box`` is a
   tmpfs capped at ``Limits.disk_mb``: nothing of the trainer's files, environment or processes;
@@ -365,7 +365,7 @@ def run_command(
 
     With ``channel``, a third pipe is passed too (an argument ``{channel}`` becomes its
     descriptor) and what the child writes there comes back as ``RunResult.channel``. With
-    ``nobody`` (a root trainer only), argv starts as uid and gid 65534 in :func:`_root_view`.
+    ``nobody`` (a root trainer only), argv starts as uid and gid 65534 in ``_root_view``.
     """
     view = _root_view() if nobody else None
     names = ("stdout", "stderr", "channel") if channel else ("stdout", "stderr")
