@@ -85,8 +85,9 @@ def test_python_unit_tests_runs_code_then_tests():
         entry_point=[None, None, None, "add", None, None],
     )
     assert scores == [1.0, 0.0, 1.0, 1.0, 0.0, None]
-    # check(...) is only called when the row names the entry point.
-    assert unit([sub], solution=[humaneval]) == [1.0]
+    # check(...) is only called when the row names the entry point; an assert that never ran
+    # is no pass (every check site must report), so without it even the right add scores 0.
+    assert unit([add], solution=[humaneval]) == [0.0]
     assert unit([sub], solution=[humaneval], entry_point=["add"]) == [0.0]
 
 

@@ -136,6 +136,38 @@ def test_editing_the_runner_through_gc_and_frames_scores_0():
     assert unit_score(WRONG_ADD + edit) == 0.0
 
 
+# Reads the runner's control descriptor (the tests, the nonce), writes a passing record for every
+# assert, copying the expected value where the statement shows one, then exits before the runner.
+IMPERSONATE_RUNNER = """
+import ast, json, os
+argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')
+control_fd, channel = int(argv[-3]), int(argv[-2])
+control = json.loads(os.read(control_fd, 1 << 20))
+def send(**record):
+    os.write(channel, (json.dumps({'nonce': control['nonce'], **record}) + '\\n').encode())
+for index, source in enumerate(control['tests']):
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, 'id', '') == '__maxent_check__':
+            site, *args = node.args
+            shown = [a.value for a in args if isinstance(a, ast.Constant)]
+            own = lambda a: shown[0] if shown else eval(ast.unparse(a))  # the program's value
+            values = [repr(a.value if isinstance(a, ast.Constant) else own(a)) for a in args]
+            send(statement=index, site=site.value, values=values)
+    send(statement=index, done=True)
+os._exit(0)
+"""
+
+
+def test_impersonating_the_runner_cannot_forge_a_pass():
+    """Attack: read the tests and the nonce from the runner's control descriptor, write a
+    well-formed passing record for every assert and a done record for every statement, exit 0
+    before the runner runs. Verdict: 0.0: the expected values (the asserts' literal operands)
+    never reach the sandbox, so the records carry the wrong add's own values."""
+    assert unit_score(WRONG_ADD + IMPERSONATE_RUNNER) == 0.0
+    # The same forgery with the right add passes: the records reached the verdict.
+    assert unit_score("def add(a, b):\n    return a + b\n" + IMPERSONATE_RUNNER) == 1.0
+
+
 def test_reading_the_tests_while_the_program_runs_finds_nothing():
     """Attack: look for the tests (expected values) on disk, in argv and the environment while
     the program runs on its own. Verdict: none found (they arrive only after it ran): 0.0."""

@@ -223,12 +223,12 @@ class UnitTests:
 
     def _passes(self, code: str, tests: Any, entry_point: Any) -> bool:
         try:
-            statements = unit_tests.prepare(_unit_test_source(tests), entry_point)
+            prepared = unit_tests.prepare(_unit_test_source(tests), entry_point)
         except SyntaxError as err:
             raise RewardError(f"python_unit_tests: the row's tests do not parse ({err})") from err
-        nonce, message = unit_tests.control(statements)
+        nonce, message = unit_tests.control(prepared.statements)
         result = run_python(code, "", self.limits, runner=unit_tests.RUNNER, control=message)
-        return result.ok and unit_tests.verdict(result.channel, nonce, len(statements))
+        return result.ok and unit_tests.verdict(result.channel, nonce, prepared)
 
     def __call__(
         self,

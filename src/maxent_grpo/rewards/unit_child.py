@@ -4,7 +4,8 @@ It runs ``solution.py`` as ``__main__``, then reads the tests from the CONTROL d
 nonce and one source per top-level test statement, sent only now: the program never saw them
 while it ran on its own) and runs them one statement at a time in the program's namespace.
 Every ``assert`` of the tests was rewritten by the trainer (:mod:`maxent_grpo.rewards.unit_tests`)
-into a call of ``__maxent_check__``, which writes the operands, reduced to plain data (exact
+into a call of ``__maxent_check__`` with the assert's number and its operands but the literal
+ones (the expected values stay with the trainer); it writes them, reduced to plain data (exact
 built-in types only), to the CHANNEL pipe; a ``done`` record follows each statement that ran to
 its end; ``__maxent_plain__`` guards the values nested in the operands (the same exact types,
 else the statement stops). The trainer compares the operands itself and scores a statement
@@ -51,13 +52,13 @@ def main(control_fd, channel_fd, write=os.write, dumps=json.dumps, plain_=plain,
         write(channel_fd, dumps({"nonce": nonce, "statement": statement[0], **fields}).encode())
         write(channel_fd, b"\n")
 
-    def check(ops, *operands):
+    def check(site, *operands):
         try:
             values = [repr_(plain_(operand)) for operand in operands]
         except (TypeError, ValueError, RecursionError) as err:
             values = None
             print(f"test {statement[0]}: operand not plain data ({err})", file=sys.stderr)
-        record(ops=ops, values=values)
+        record(site=site, values=values)
 
     def checked(value):
         plain_(value)  # raises for anything but plain data: the statement stops, no done record
