@@ -46,24 +46,19 @@ TEXT = "What is the sum of 12 plus 30? Think in <think></think>, then answer."
 def small_model(folder: Path) -> Path:
     """A random Qwen2 bigger than the tiny one (vLLM CPU: head_dim >= 32, untied embeddings)."""
     import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
+    from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model, qwen2_config
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model(REPO / DEFAULT_TINY_MODEL_DIR))
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    config = qwen2_config(
+        tokenizer,
         hidden_size=256,
         intermediate_size=1024,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=64,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)
     out = folder / "small-qwen2"

@@ -80,26 +80,37 @@ QWEN2_5_0_5B_SIZES = {
 }
 
 
+def qwen2_config(tokenizer, **sizes):
+    """A Qwen2 config of the given sizes for this tokenizer, as vLLM's CPU build needs it:
+    untied embeddings (a weight reload of tied ones comes out wrong) and head_dim >= 32."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **sizes,
+    )
+
+
 def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     """Write a tiny Qwen2 model + tokenizer to out_dir (atomically) and return the path."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2ForCausalLM
 
     out = Path(out_dir)
     tokenizer = _build_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    config = qwen2_config(
+        tokenizer,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=32,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
