@@ -286,7 +286,17 @@ def test_a_silent_training_node_fails_the_attempt_in_bounded_time_and_it_resumes
     job finishes on the healthy nodes, and once the link is back nothing of the run is left."""
     cluster = multinode_cluster
     out = tmp_path / "out"
-    recipe = _small(tmp_path, tiny_model, max_steps=60, save_steps=10, env={"OMP_NUM_THREADS": "1"})
+    # ddp_timeout bounds the cut node's own trainer, blocked in a collective with peers that are
+    # gone: without it, it ended only when a TCP retransmission (backed off up to 120 s) met the
+    # restored link (5-115 s after the restore here).
+    recipe = _small(
+        tmp_path,
+        tiny_model,
+        max_steps=60,
+        save_steps=10,
+        ddp_timeout=60,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     job = sbatch_training(cluster, tmp_path, recipe, "--nodes=2", "--requeue")
     victim, cut = None, False
     try:
