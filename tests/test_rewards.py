@@ -18,6 +18,7 @@ from maxent_grpo.rewards import (
 BUILTINS = [
     "accuracy",
     "answer_match",
+    "ascii_fraction",
     "binary_code",
     "boxed_accuracy_math",
     "boxed_missing_penalty",
@@ -245,6 +246,13 @@ CASES = [
     ("digit_fraction", {}, ["none"], {}, [0.0]),
     ("digit_fraction", {}, ["  \n "], {}, [0.0]),
     ("digit_fraction", {}, [""], {}, [0.0]),
+    # ---- ascii_fraction -----------------------------------------------------------------
+    ("ascii_fraction", {}, ["x = 2 ü"], {}, [0.75]),
+    ("ascii_fraction", {}, [conv("42")], {}, [1.0]),
+    ("ascii_fraction", {}, ["\ufffd\ufffd"], {}, [0.0]),
+    ("ascii_fraction", {}, ["  \n "], {}, [0.0]),
+    ("ascii_fraction", {}, [""], {}, [0.0]),
+    ("ascii_fraction", {}, ["~!\x7f"], {}, [2 / 3]),
     # ---- code_format --------------------------------------------------------------------
     ("code_format", {}, ["```python\nprint(1)\n```"], {}, [1.0]),
     ("code_format", {}, [conv("Here:\n```python\ndef f():\n    return 1\n```\nDone.")], {}, [1.0]),

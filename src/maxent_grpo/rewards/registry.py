@@ -139,6 +139,7 @@ _REGISTRY: dict[str, Callable[[Mapping[str, Any]], RewardFunc]] = {
     "boxed_accuracy_math": lambda s: builtin.boxed_accuracy_math,
     "boxed_missing_penalty": lambda s: builtin.boxed_missing_penalty,
     "digit_fraction": lambda s: builtin.digit_fraction,
+    "ascii_fraction": lambda s: builtin.ascii_fraction,
     "code": lambda s: code.CodeTests(False, *_sandbox(s)),
     "binary_code": lambda s: code.CodeTests(True, *_sandbox(s)),
     "python_unit_tests": lambda s: code.UnitTests(*_sandbox(s)),
