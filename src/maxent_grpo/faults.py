@@ -5,11 +5,13 @@ Set MAXENT_GRPO_FAILPOINT=<point>[:<step>][:<action>] (e.g. `checkpoint_partial:
 the tests see afterwards is exactly what a node failure or an OOM kill would leave on disk.
 Actions: `kill` (the default, SIGKILL), `error` (raise RuntimeError: a crash), `oom` (raise
 torch.OutOfMemoryError, the exception a CUDA allocation failure raises: the out-of-memory
-class on a machine without a GPU).
+class on a machine without a GPU), `skip` (return True: the caller leaves out what the point
+guards).
 
 Points: train_start (before step 1), step_begin (inside a step), checkpoint_partial (model
 written, optimizer not yet), checkpoint_unmarked (all files written, marker not yet),
-final_save (final model written, completion marker not yet).
+final_save (final model written, completion marker not yet), resume_restart (`skip`: start
+from scratch instead of resuming from the last complete checkpoint; the GPU kit's test).
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ import signal
 ENV = "MAXENT_GRPO_FAILPOINT"
 
 
-def failpoint(point: str, step: int | None = None) -> None:
+def failpoint(point: str, step: int | None = None) -> bool:
     spec = os.environ.get(ENV)
     if not spec:
-        return
+        return False
     name, _, rest = spec.partition(":")
     at, _, action = rest.partition(":")
     if name != point or not (not at or step is None or int(at) == step):
-        return
+        return False
+    if action == "skip":
+        return True
     if action == "error":
         raise RuntimeError(f"failpoint {point} at step {step}")
     if action == "oom":
@@ -35,3 +39,4 @@ def failpoint(point: str, step: int | None = None) -> None:
 
         raise torch.OutOfMemoryError(f"failpoint {point}: CUDA out of memory (stand-in)")
     os.kill(os.getpid(), signal.SIGKILL)
+    return False

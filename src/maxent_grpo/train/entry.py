@@ -229,7 +229,7 @@ def refusal_line(recipe, exc: BaseException) -> str:
 
 def _train_from_last_checkpoint(trainer, output_dir: Path, training_args) -> float | None:
     """Train, resuming from the last complete checkpoint; the training loss (None: none run)."""
-    checkpoint = last_complete_checkpoint(output_dir)
+    checkpoint = None if failpoint("resume_restart") else last_complete_checkpoint(output_dir)
     if checkpoint is not None:
         logger.info("Resuming from %s", checkpoint)
     failpoint("train_start")
