@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
 import sys
 import time
 
 import pytest
 
-from maxent_grpo.rewards import RewardError, get_reward_funcs, sandbox
+from maxent_grpo.rewards import RewardError, bwrap, get_reward_funcs, sandbox
 from maxent_grpo.rewards.sandbox import Limits, run_command, run_python
 from maxent_grpo.rewards.weak_sandbox import namespace_wrapper
 
@@ -301,7 +302,7 @@ def test_a_root_trainer_whose_python_nobody_cannot_reach_is_refused_in_one_line(
         raise OSError("cannot make /root reachable for uid 65534: mount: Operation not permitted")
 
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(sandbox, "_root_view", no_view)
+    monkeypatch.setattr(sandbox.bwrap, "root_view", no_view)
     sandbox.isolation_problem.cache_clear()
     try:
         with pytest.raises(RewardError) as err:
@@ -319,8 +320,31 @@ def test_hidden_ancestors_are_the_topmost_directories_nobody_cannot_search(tmp_p
     base.chmod(0o755)
     (base / "open" / "shut").chmod(0o700)
     tmp_path.chmod(0o755)
-    above = sandbox._hidden_ancestors([str(tmp_path)])  # pytest's own directories (700)
+    above = bwrap.hidden_ancestors([str(tmp_path)])  # pytest's own directories (700)
     python = str(base / "open" / "shut" / "python")
-    assert sandbox._hidden_ancestors([python]) == (above or [str(base / "open" / "shut")])
+    assert bwrap.hidden_ancestors([python]) == (above or [str(base / "open" / "shut")])
     (base / "open" / "shut").chmod(0o711)
-    assert sandbox._hidden_ancestors([python]) == above
+    assert bwrap.hidden_ancestors([python]) == above
+
+
+def test_end_program_kills_the_program_through_its_pidfd():
+    # The pid bwrap names on its info pipe is taken only while it is the starter's child;
+    # end_program kills it and returns once it is gone.
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert bwrap.program_pidfd(b'{"child-pid": %d}' % child.pid, os.getpid() + 1) is None
+        pidfd = bwrap.program_pidfd(b'{"child-pid": %d}' % child.pid, os.getpid())
+        assert pidfd is not None and bwrap.end_program(pidfd)
+        assert child.wait(5) == -9
+    finally:
+        child.kill()
+        child.wait()
+    assert bwrap.program_pidfd(b"not json", os.getpid()) is None and bwrap.end_program(None)
+
+
+def test_the_lifetime_mechanism_is_said_in_one_line(caplog):
+    sandbox.isolation_problem.cache_clear()
+    with caplog.at_level("INFO", logger="maxent_grpo.rewards"):
+        assert sandbox.isolation_problem() is None
+    (line,) = [r.getMessage() for r in caplog.records if "code sandbox: bwrap" in r.getMessage()]
+    assert "pid 1 of its own PID namespace" in line and "no cgroup is made" in line

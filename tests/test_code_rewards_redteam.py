@@ -311,7 +311,7 @@ def _status_ids(pid: int) -> tuple[int, int, int]:
 def test_the_program_is_not_root_outside_its_namespace_either():
     """Attack: a root trainer's user namespace maps the program's uid 65534 to root on the host
     (what a kernel or namespace escape would then be). Verdict: seen from the host, the program
-    and both bwrap processes above it run as uid and gid 65534 (the trainer's uid when it is
+    and the bwrap process above it run as uid and gid 65534 (the trainer's uid when it is
     not root), never 0."""
     token = "mx" + secrets.token_hex(6)
     source = f"import time\nopen('/proc/self/comm', 'w').write({token!r})\ntime.sleep(3)\n"
@@ -336,8 +336,8 @@ def test_the_program_is_not_root_outside_its_namespace_either():
     finally:
         runner.join()
     expected = 65534 if os.geteuid() == 0 else os.geteuid()
-    assert pid == os.getpid() and len(chain) == 3  # the program, bwrap's init, bwrap
-    assert chain == [(expected, 65534 if os.geteuid() == 0 else os.getegid())] * 3
+    assert pid == os.getpid() and len(chain) == 2  # the program (pid 1 inside), bwrap
+    assert chain == [(expected, 65534 if os.geteuid() == 0 else os.getegid())] * 2
     assert done[0].status == "timeout"
 
 
@@ -347,6 +347,117 @@ def test_no_descriptor_of_the_trainer_is_inherited(tmp_path):
         os.set_inheritable(held.fileno(), True)
         result = run_python("import os\nprint(sorted(os.listdir('/proc/self/fd')))", "", FAST)
     assert result.ok and result.stdout.strip() == str(["0", "1", "2", "3"])  # 3: the listing
+
+
+# ---- nothing outlives its run, no memory past the limits ----------------------------------
+
+
+def _shmem_kib() -> int:
+    """The host's shared memory (tmpfs, memory files, SysV segments), as /proc/meminfo says."""
+    with open("/proc/meminfo") as meminfo:
+        return next(int(line.split()[1]) for line in meminfo if line.startswith("Shmem:"))
+
+
+def _named(token: str) -> list[int]:
+    """Host pids of live (not zombie) processes whose name is token."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                name, state = stat.read().split(" (", 1)[1].rsplit(") ", 1)
+        except (OSError, IndexError, ValueError):
+            continue
+        if name == token and not state.startswith("Z"):
+            found.append(int(pid))
+    return found
+
+
+def _attack_and_check_host(source: str, held_mib: int, limits: Limits):
+    """Run a program that names itself (a fresh token), holds memory and sleeps; check the host
+    while it runs (it holds at least held_mib of shared memory there, when held_mib > 0) and
+    after the call: no process of it left, shared memory back where it was."""
+    token = "mx" + secrets.token_hex(6)
+    program = f"open('/proc/self/comm', 'w').write({token!r})\n" + source
+    before, done, peak = _shmem_kib(), [], 0
+    runner = threading.Thread(target=lambda: done.append(run_python(program, "", limits)))
+    runner.start()
+    try:
+        deadline = time.monotonic() + limits.wall_seconds
+        while time.monotonic() < deadline and (not _named(token) or peak < held_mib << 10):
+            peak = max(peak, _shmem_kib() - before)
+            time.sleep(0.02)
+        assert _named(token), "the program never ran"
+    finally:
+        runner.join()
+    assert peak >= held_mib << 10, f"held {peak} KiB, expected {held_mib} MiB"
+    assert _named(token) == [], "a process of the program outlived the call"
+    assert _shmem_kib() - before < 8 << 10, "shared memory still held after the call"
+    return done[0]
+
+
+HOLD = "import time\ntime.sleep(60)\n"
+
+
+def test_the_program_is_alone_in_its_namespace_and_nothing_outlives_the_run():
+    """Attack: take over the sandbox's init (bwrap's pid 1) through /proc/1/mem, clear the
+    parent-death signal, leave the process group, hold 12 MiB in /box and sleep past the run.
+    Verdict: the program is pid 1 itself (nothing else to take over), prctl is refused, and
+    after the call no process of it is left and the host's shared memory is back."""
+    source = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]\n"
+        "print(os.getpid(), others, libc.prctl(1, 0, 0, 0, 0), libc.prctl(4, 0, 0, 0, 0))\n"
+        "try:\n    os.setsid()\nexcept OSError:\n    pass\n"
+        "open('hold', 'wb').write(b'x' * (12 << 20))\nimport sys\nsys.stdout.flush()\n" + HOLD
+    )
+    result = _attack_and_check_host(source, 10, Limits(wall_seconds=1))
+    assert result.status == "timeout" and result.stdout.split() == ["1", "[]", "-1", "-1"]
+
+
+def test_memory_files_and_shared_memory_are_refused_and_nothing_is_held():
+    """Attack: hold 128 MiB that RLIMIT_AS (64 MiB) does not count: memfd_create, a file in
+    /dev/shm, SysV shmget and POSIX mq_open, then sleep. Verdict: each refused, the host's
+    shared memory unchanged during and after, no process left."""
+    source = (
+        "import ctypes, mmap, os\nlibc = ctypes.CDLL(None, use_errno=True)\nout = []\n"
+        "try:\n    fd = os.memfd_create('m')\n    os.ftruncate(fd, 128 << 20)\n"
+        "    mmap.mmap(fd, 128 << 20).write(b'x' * (128 << 20))\n    out.append('memfd')\n"
+        "except OSError as err:\n    out.append(err.errno)\n"
+        "try:\n    open('/dev/shm/m', 'wb').write(b'x' * (128 << 20))\n    out.append('shm')\n"
+        "except OSError as err:\n    out.append(err.errno)\n"
+        "out.append(libc.shmget(0, 128 << 20, 0o1600))\n"
+        "out.append(libc.mq_open(b'/q', 0o100 | 2, 0o600, None))\n"
+        "print(out, flush=True)\n" + HOLD
+    )
+    result = _attack_and_check_host(source, 0, Limits(wall_seconds=1, memory_mb=64))
+    assert result.stdout.strip() == "[1, 30, -1, -1]", result.stdout + result.stderr
+
+
+def test_an_inode_flood_stops_at_the_cap_and_nothing_is_held():
+    """Attack: create empty files until something breaks (150,000 cost the host 150 MiB of
+    kernel memory before), then sleep. Verdict: ENOSPC at the inode cap (4096 by default, 0
+    bytes of the size cap used), the host's shared memory unchanged after, no process left."""
+    source = (
+        "n = 0\ntry:\n    while True:\n        open(f'f{n}', 'w').close()\n        n += 1\n"
+        "except OSError as err:\n    print(n, err.errno, flush=True)\n" + HOLD
+    )
+    result = _attack_and_check_host(source, 0, Limits(wall_seconds=1.5))
+    count, errno = map(int, result.stdout.split())
+    assert count <= Limits().disk_inodes and errno == 28  # ENOSPC
+
+
+def test_a_descriptor_flood_stops_at_the_open_file_limit():
+    """Attack: open pipes, socket pairs and event descriptors until something breaks (each pins
+    kernel memory no rlimit counts). Verdict: EMFILE at the open-file limit (64), no process
+    left, the host's shared memory unchanged."""
+    source = (
+        "import os, socket\nheld = []\ntry:\n    while True:\n        held += os.pipe()\n"
+        "        held += socket.socketpair()\n        held.append(os.eventfd(0))\n"
+        "except OSError as err:\n    print(len(held), err.errno, flush=True)\n" + HOLD
+    )
+    result = _attack_and_check_host(source, 0, Limits(wall_seconds=1))
+    count, errno = map(int, result.stdout.split())
+    assert count < Limits().open_files and errno == 24  # EMFILE
 
 
 # ---- the trainer's time and disk -------------------------------------------------------------
