@@ -28,8 +28,9 @@ from maxent_grpo.rundir.heartbeat import heartbeat_dir
 pytestmark = pytest.mark.integration
 
 # Far above the longest silence of a healthy rank here (0.3 s between two heartbeats, the
-# first generation included, on 2 loaded CPUs; before its first heartbeat a rank gets 300 s
-# whatever the value): every second of it is waited out after the SIGSTOP.
+# first generation included, on 2 loaded CPUs; until its first step ends a rank gets 300 s
+# more, watchdog.WARMUP_S, so the stop comes after step 3): every second of it is waited out
+# after the SIGSTOP.
 HANG_TIMEOUT = 5
 
 

@@ -22,7 +22,7 @@ from maxent_grpo.launch.outcomes import (
 from maxent_grpo.launch.watchdog import (
     AUTO_FLOOR_S,
     AUTO_STARTUP_S,
-    STARTUP_MIN_S,
+    WARMUP_S,
     Watchdog,
     limit_for,
 )
@@ -165,12 +165,47 @@ def test_exit_kind_follows_the_cause_chain():
 
 
 def test_hang_limits():
-    assert limit_for(60, "step_end", 500.0) == 60  # explicit: every phase after the first beat
-    assert limit_for(60, None, 0.0) == STARTUP_MIN_S  # a process still importing
+    assert limit_for(60, "step_end", 500.0) == 60  # explicit: every phase after the first step
+    assert limit_for(60, "save", 500.0) == 60
+    # explicit, before the first step ends: the steady-state limit plus the warm-up allowance
+    assert limit_for(60, None, 0.0) == 60 + WARMUP_S  # a process still importing
+    assert limit_for(60, "generate", 0.0) == 60 + WARMUP_S  # the first generation compiles
     assert limit_for(None, None, 0.0) == AUTO_STARTUP_S
     assert limit_for(None, "saved", 10.0) == AUTO_STARTUP_S  # a big checkpoint takes long
     assert limit_for(None, "generate", 1.0) == AUTO_FLOOR_S  # the CPU smoke never trips it
     assert limit_for(None, "step_end", 300.0) == 1500.0  # 5 x the slowest step
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_explicit_hang_timeout_allows_the_first_step_its_warm_up(tmp_path):
+    """CI: vLLM's CPU build compiled its first generation for longer than hang_timeout 15 and
+    the watchdog called a hang at step 0. The first step gets WARMUP_S more; later steps not."""
+    beat = Heartbeat(tmp_path, 0)
+    clock = FakeClock()
+    watchdog = Watchdog(tmp_path / ".heartbeat", 1, timeout=15, clock=clock)
+    beat.beat("built", 0)
+    beat.beat("generate", 0)  # then silent: compiling the first generation
+    assert watchdog.poll() is None
+    clock.now += 15 + WARMUP_S - 1
+    assert watchdog.poll() is None
+    clock.now += 2  # a first step silent past its allowance is still a hang
+    hang = watchdog.poll()
+    assert hang is not None and f"(hang_timeout {15 + WARMUP_S:g}s)" in hang.reason, hang
+
+    beat.step_done(1)  # warmed up: the steady-state limit from here on
+    watchdog = Watchdog(tmp_path / ".heartbeat", 1, timeout=15, clock=clock)
+    beat.beat("generate", 1)
+    assert watchdog.poll() is None
+    clock.now += 16
+    hang = watchdog.poll()
+    assert hang is not None and "(hang_timeout 15s); last: generate at step 1" in hang.reason
 
 
 def test_watchdog_names_the_rank_that_stopped_beating(tmp_path):

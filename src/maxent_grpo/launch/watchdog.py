@@ -7,9 +7,11 @@ seconds while training runs. Silence counts only from the server's first healthy
 trainers start beside the server and their first generation waits for it (its start-up is
 bounded by vllm_server_timeout instead, watch_training). The limit:
 
-- `hang_timeout: S` in the recipe: S seconds, for every phase after a process's first
-  heartbeat (once its trainer is built); before it (imports, model loading) at least
-  STARTUP_MIN_S.
+- `hang_timeout: S` in the recipe: S seconds once a rank has finished its first step;
+  before that S + WARMUP_S, a warm-up allowance for what only the first step pays (imports,
+  model loading, compilation, CUDA graphs, vLLM's first generation with a cold cache), which
+  a limit sized for the steady state does not cover. The server's /health gets S from its
+  first healthy answer (server_limit_for).
 - unset (auto): AUTO_STARTUP_S while a rank has not finished a step or is saving (model load,
   first generation, NCCL set-up, a big checkpoint), else the larger of AUTO_FLOOR_S and
   AUTO_STEPS x the slowest step any rank reported. The floor covers a long generation phase
@@ -38,7 +40,7 @@ from maxent_grpo.vllm_health import ServerError, ServerWaitCancelled, probe
 AUTO_FLOOR_S = 600.0
 AUTO_STARTUP_S = 1800.0
 AUTO_STEPS = 5
-STARTUP_MIN_S = 300.0
+WARMUP_S = 300.0
 SERVER_PROBE_EVERY_S = 5.0
 SERVER_PROBE_TIMEOUT_S = 5.0
 # Longest wait for the dumps to be written (usually well under a second; a loaded machine may
@@ -49,12 +51,21 @@ SLOW_PHASES = frozenset({None, "built", "train_begin", "save", "saved", "train_e
 
 
 def limit_for(timeout: float | None, phase: str | None, slowest_step_s: float) -> float:
-    """Seconds of silence allowed in `phase` (see the module docstring)."""
+    """Seconds of silence allowed in `phase` (see the module docstring). `phase` None: no
+    heartbeat yet; `slowest_step_s` 0: no step finished yet (each process reports its own)."""
+    warming_up = phase is None or not slowest_step_s
     if timeout is not None:
-        return timeout if phase is not None else max(timeout, STARTUP_MIN_S)
-    if phase in SLOW_PHASES or not slowest_step_s:
+        return timeout + WARMUP_S if warming_up else timeout
+    if phase in SLOW_PHASES or warming_up:
         return AUTO_STARTUP_S
     return max(AUTO_FLOOR_S, AUTO_STEPS * slowest_step_s)
+
+
+def server_limit_for(timeout: float | None, slowest_step_s: float) -> float:
+    """Seconds without an answer from the vLLM server's /health. Its API process answers
+    while the engine compiles (in CI it did through a cold first generation that outlasted
+    hang_timeout 15), so an explicit limit gets no warm-up allowance here."""
+    return timeout if timeout is not None else limit_for(None, "step_end", slowest_step_s)
 
 
 @dataclass
@@ -142,7 +153,7 @@ class Watchdog:
         self._probe_server()
         now = self.clock()
         silent = now - self.server_ok
-        server_limit = limit_for(self.timeout, "step_end", self.slowest_step_s())
+        server_limit = server_limit_for(self.timeout, self.slowest_step_s())
         if self.health_url is not None and silent > server_limit:
             reason = (
                 f"the vLLM server did not answer {self.health_url} for {silent:.0f}s "
