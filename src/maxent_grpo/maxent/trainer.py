@@ -7,22 +7,18 @@ Overrides, and why:
   the gathered rewards and reference log-likelihoods, then keep this process's slice.
 - `_compute_loss`: the weighted log-likelihood replaces TRL's loss (so TRL's per-token KL
   penalty is never added); measure the KL to the reference and step the controllers.
-- `_save_checkpoint` / `_load_optimizer_and_scheduler`: controller state in every checkpoint.
+The controllers' state is registered (`maxent_controllers`, train/state.py): in every checkpoint.
 
 MaxEntGRPOTrainer adds the mixins of our GRPO trainer: complete checkpoints and vLLM weight sync.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import torch
 import trl
 
-from maxent_grpo.errors import UserError
-from maxent_grpo.maxent.config import MaxEntConfig
 from maxent_grpo.maxent.controllers import TauController
 from maxent_grpo.maxent.weights import (
     informative_groups,
@@ -31,15 +27,14 @@ from maxent_grpo.maxent.weights import (
     weight_stats,
     weighted_policy_loss,
 )
-from maxent_grpo.rundir.checkpoints import write_json_atomic
+from maxent_grpo.recipe.maxent_keys import MaxEntConfig
 from maxent_grpo.train.adaptive_kl import KLController
 from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin
 from maxent_grpo.train.data_order import EpochOrderMixin
 from maxent_grpo.train.rollout_mixin import RolloutMixin
+from maxent_grpo.train.state import state_registry
 from maxent_grpo.train.step_time import StepTimeMixin
 from maxent_grpo.train.vllm_sync import VLLMSyncMixin
-
-CONTROLLER_STATE_FILE = "maxent_controller_state.json"
 
 # Model inputs besides ids and mask that TRL forwards for multimodal models.
 _FORWARD_KEYS = (
@@ -81,6 +76,9 @@ class _MaxEntTrainerBase(trl.GRPOTrainer):
         # Measurements since the last optimizer step, consumed by the controllers at its end.
         self._kl_window = torch.zeros(3, dtype=torch.float64)  # KL sum, tokens, completions
         self._pending_entropies: list[float] = []
+        state_registry(self).register(
+            "maxent_controllers", self.controller_state, self.load_controller_state
+        )
 
     # ---- weights -------------------------------------------------------------------------
 
@@ -247,26 +245,6 @@ class _MaxEntTrainerBase(trl.GRPOTrainer):
         self.tau_controller.load_state_dict(state["tau"])
         self.beta = self.kl_controller.beta
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            checkpoint = Path(self._get_output_dir(trial=trial)) / (
-                f"checkpoint-{self.state.global_step}"
-            )
-            write_json_atomic(checkpoint / CONTROLLER_STATE_FILE, self.controller_state())
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        path = Path(checkpoint) / CONTROLLER_STATE_FILE
-        if not path.is_file():
-            raise UserError(
-                f"{checkpoint}: no {CONTROLLER_STATE_FILE}, so it was not written by the MaxEnt "
-                "trainer; resume it with --method grpo or train into a new output_dir"
-            )
-        self.load_controller_state(json.loads(path.read_text()))
-
 
 class MaxEntGRPOTrainer(
     CompleteCheckpointsMixin,
@@ -278,5 +256,5 @@ class MaxEntGRPOTrainer(
 ):
     """MaxEnt-GRPO trainer, with the mixins of our GRPO trainer (train/grpo_trainer.py).
     CompleteCheckpointsMixin comes first so that a checkpoint is marked complete only after
-    every file, the controller state included, is on disk. RolloutMixin's rounds call
+    every file, the registered state included, is on disk. RolloutMixin's rounds call
     `_generate_and_score_completions` below once per round, so each round gets its weights."""

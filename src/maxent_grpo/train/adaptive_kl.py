@@ -5,27 +5,17 @@ after every optimizer step, beta <- beta * (1 + clip(KL / kl_target - 1, -0.2, 0
 kl_horizon), with KL the mean of TRL's `kl` metric (per-token k3 estimate of KL(policy ||
 reference), gathered over processes) over the step's micro-batches and n the step's
 completions over all processes. TRL reads `self.beta` at every loss, so the new value applies
-from the next step. Its state is saved in each checkpoint (`kl_controller_state.json`) and
-restored on resume.
+from the next step. Its state is registered as `kl_controller` (train/state.py): saved in
+each checkpoint and restored on resume.
 
-Overrides (see docs/architecture.md): `_compute_loss` (called, then TRL's `_metrics` read),
-`_save_optimizer_and_scheduler` and `_load_optimizer_and_scheduler`: the state travels with
-the optimizer's, inside the checkpoint before it is marked complete. The mixin comes first in
-the trainer's bases (train/grpo_trainer.py `GRPOTrainer`), so its loading runs on every path.
+Overrides (see docs/architecture.md): `_compute_loss` (called, then TRL's `_metrics` read).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import math
-from pathlib import Path
 
-from maxent_grpo.rundir.checkpoints import write_json_atomic
-
-KL_STATE_FILE = "kl_controller_state.json"
-
-logger = logging.getLogger("maxent_grpo")
+from maxent_grpo.train.state import state_registry
 
 
 class KLController:
@@ -76,7 +66,7 @@ class KLController:
 class AdaptiveKLMixin:
     """For a TRL GRPOTrainer whose args are our GRPOConfig (init_kl_coeff, kl_target, kl_horizon).
 
-    Without kl_target it changes nothing: beta stays TRL's and no state file is written.
+    Without kl_target it changes nothing: beta stays TRL's and no state is registered.
     """
 
     def __init__(self, *args, **kwargs):
@@ -87,6 +77,14 @@ class AdaptiveKLMixin:
         self.kl_controller = KLController(self.beta, target, horizon)
         self._kl_window: list[float] = []  # TRL's kl of each micro-batch of this step
         self._kl_completions = 0  # completions of this step, over all processes
+        if self.kl_controller.adaptive:
+            state_registry(self).register(
+                "kl_controller", self.kl_controller.state_dict, self._load_kl_controller
+            )
+
+    def _load_kl_controller(self, state: dict) -> None:
+        self.kl_controller.load_state_dict(state)
+        self.beta = self.kl_controller.beta
 
     def _compute_loss(self, model, inputs):
         loss = super()._compute_loss(model, inputs)
@@ -104,25 +102,3 @@ class AdaptiveKLMixin:
         kl = sum(self._kl_window) / len(self._kl_window)
         self.beta = self.kl_controller.update(kl, self._kl_completions)
         self._kl_window, self._kl_completions = [], 0
-
-    def _save_optimizer_and_scheduler(self, output_dir):
-        super()._save_optimizer_and_scheduler(output_dir)
-        if self.kl_controller.adaptive and self.args.should_save:
-            state = self.kl_controller.state_dict()
-            write_json_atomic(Path(output_dir) / KL_STATE_FILE, state)
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None or not self.kl_controller.adaptive:
-            return
-        path = Path(checkpoint) / KL_STATE_FILE
-        if not path.is_file():
-            logger.warning(
-                "%s has no %s (saved without kl_target): beta starts again from %g",
-                checkpoint,
-                KL_STATE_FILE,
-                self.kl_controller.beta,
-            )
-            return
-        self.kl_controller.load_state_dict(json.loads(path.read_text()))
-        self.beta = self.kl_controller.beta

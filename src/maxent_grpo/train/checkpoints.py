@@ -23,12 +23,16 @@ from maxent_grpo.rundir.checkpoints import (
 )
 from maxent_grpo.rundir.events import emit
 from maxent_grpo.timers import timed
+from maxent_grpo.train.state import state_registry
 
 
 class CompleteCheckpointsMixin:
-    """Trainer mixin: mark checkpoints complete after saving, rotate only complete ones.
+    """Trainer mixin: mark checkpoints complete after saving, rotate only complete ones, and
+    save and restore the registered trainer state (train/state.py) with every checkpoint.
 
     Mixed in before TRL's trainer class (`class T(CompleteCheckpointsMixin, GRPOTrainer)`).
+    The only mixin that overrides checkpoint saving and loading: other components register
+    their state instead.
     """
 
     def _save_checkpoint(self, model, trial):
@@ -50,6 +54,10 @@ class CompleteCheckpointsMixin:
             super()._save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit = limit
+        accelerator = self.accelerator
+        state_registry(self).save(
+            checkpoint_dir, accelerator.process_index, accelerator.num_processes
+        )
         failpoint("checkpoint_unmarked", self.state.global_step)
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
@@ -63,9 +71,20 @@ class CompleteCheckpointsMixin:
         return super()._save_optimizer_and_scheduler(output_dir)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
+        """HF Trainer's one call on a resume, on every back end: the optimizer and scheduler,
+        then every piece of registered state."""
+        if checkpoint is None:
+            return
+        self._load_optimizer_and_scheduler_only(checkpoint)
+        accelerator = self.accelerator
+        state_registry(self).load(
+            Path(checkpoint), accelerator.process_index, accelerator.num_processes
+        )
+
+    def _load_optimizer_and_scheduler_only(self, checkpoint):
         device = self.args.device
         plain = not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
-        if checkpoint is None or device.type != "cpu" or device.index is None or not plain:
+        if device.type != "cpu" or device.index is None or not plain:
             return super()._load_optimizer_and_scheduler(checkpoint)
         # Multi-process CPU runs: transformers passes map_location=cpu:0, which torch.load
         # cannot restore ("don't know how to restore data location ... cpu:0"). Its plain
@@ -121,17 +140,63 @@ def stop_signalled() -> bool:
     return bool(_STOP_SIGNALS)
 
 
-def make_stop_callback(trainer):
-    """A TrainerCallback: save and stop at the first step boundary after request_stop() or a
-    SIGTERM (install_stop_signal_handler, installed here).
+class StopVote:
+    """The ranks' per-step agreement on stopping, off the device's critical path.
 
-    Every rank must stop at the same step, so the ranks agree with one tiny all-reduce per
-    step (any rank that sees the request stops everyone).
+    Each rank votes before the optimizer step (`send`: an asynchronous all-reduce of one
+    number on the default process group) and reads the sum at the step's end (`receive`).
+    Every rank reads the same sum at the same step, so all stop together. On a GPU the sum is
+    copied into pinned host memory behind the all-reduce and read through a CUDA event
+    recorded before the optimizer step was queued: the host never waits for the optimizer
+    step (a blocking `.item()` at the step's end did, every step, and the GPU then idled
+    until the next step's first kernels). On CPU (gloo) the all-reduce runs while the
+    optimizer steps. Cost: a request that arrives after a step's vote (during its optimizer
+    step, callbacks, logging or save) stops the run one step later.
     """
-    import torch
+
+    def __init__(self, device):
+        import torch
+
+        self.flag = torch.zeros(1, device=device)
+        cuda = device.type == "cuda"
+        self.host = torch.zeros(1, pin_memory=True) if cuda else self.flag
+        self.sum = self.host.numpy()  # the host memory itself: reading it calls no torch op
+        self.ready = torch.cuda.Event() if cuda else None
+        self.work = None
+
+    def send(self, seen: bool) -> None:
+        import torch.distributed as dist
+
+        self.flag.fill_(float(seen))
+        self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.SUM, async_op=True)
+        if self.ready is not None:
+            self.work.wait()  # NCCL: the current stream waits for it, not the host
+            self.host.copy_(self.flag, non_blocking=True)
+            self.ready.record()
+
+    def receive(self) -> bool:
+        """Whether any rank voted to stop; waits only for this step's vote."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        else:
+            self.work.wait()
+        self.work = None
+        return bool(self.sum[0] > 0)
+
+
+def make_stop_callback(trainer):
+    """A TrainerCallback: save and stop at a step boundary after request_stop() or a SIGTERM
+    (install_stop_signal_handler, installed here).
+
+    Alone, a process checks at the end of every step and stops there. Several processes must
+    stop at the same step: they agree through a StopVote per step (any rank that sees the
+    request stops everyone), cast before the optimizer step and read at the step's end.
+    """
     from transformers import TrainerCallback
 
     install_stop_signal_handler(trainer.args.output_dir)
+    accelerator = trainer.accelerator
+    vote = StopVote(accelerator.device) if accelerator.num_processes > 1 else None
 
     class StopOnRequest(TrainerCallback):
         stopped = False
@@ -139,12 +204,19 @@ def make_stop_callback(trainer):
         def on_step_begin(self, args, state, control, **kwargs):
             failpoint("step_begin", state.global_step + 1)
 
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if vote is not None:
+                with timed("stop_callback"):
+                    vote.send(stop_signalled() or stop_requested(args.output_dir))
+
         def on_step_end(self, args, state, control, **kwargs):
             with timed("stop_callback"):
-                seen = stop_signalled() or stop_requested(args.output_dir)
-                if trainer.accelerator.num_processes > 1:
-                    flag = torch.tensor([float(seen)], device=trainer.accelerator.device)
-                    seen = trainer.accelerator.reduce(flag, "sum").item() > 0
+                if vote is None:
+                    seen = stop_signalled() or stop_requested(args.output_dir)
+                else:
+                    if vote.work is None:  # no optimizer step in this step: vote now
+                        vote.send(stop_signalled() or stop_requested(args.output_dir))
+                    seen = vote.receive()
             if seen:
                 self.stopped = True
                 control.should_save = True

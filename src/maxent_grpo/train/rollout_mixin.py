@@ -5,33 +5,26 @@ once per round, cuts the output into groups, filters them (train/rollouts.py), a
 kept groups as one batch; TRL's `_prepare_inputs` shuffles and splits it as usual. Every process
 holds whole groups (recipe check), decides for its own groups, and takes part in every round:
 the number of rounds is decided from every process's shortfall (a gather), so no process
-generates alone. Carried-over groups and the position in the extra-prompt stream are saved in
-each checkpoint (`rollout_state-<process>.pt`). Importing this imports torch and TRL.
+generates alone. Carried-over groups and the position in the extra-prompt stream are registered
+trainer state (`rollouts`, per process: train/state.py), saved in each checkpoint. Importing
+this imports torch and TRL.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import TrainerCallback
 
-from maxent_grpo.train.rollouts import (
-    FilterSettings,
-    Group,
-    StepTally,
-    apply_filters,
-    resolve_filters,
-    round_sizes,
-    usable_groups,
-)
+from maxent_grpo.rollout_filters import FilterSettings, Group, apply_filters, resolve_filters
+from maxent_grpo.train.rollouts import StepTally, round_sizes, usable_groups
+from maxent_grpo.train.state import state_registry
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "rollout_state-{}.pt"
 _LEFT_PADDED = {"prompt_ids", "prompt_mask"}
 # TRL's metrics of the whole generated batch, replaced by those of the trained groups.
 _TRAINED_METRICS = ("reward", "reward_std", "frac_reward_zero_std")
@@ -50,9 +43,8 @@ class _SkipOptimizerStep(TrainerCallback):
 
 
 class RolloutMixin:
-    """Rollout filters, generation rounds and carry-over (docs/rollouts.md), mixed in after
-    CompleteCheckpointsMixin (its state file is written before the checkpoint's marker) and
-    before TRL's or MaxEnt's trainer (each round calls theirs)."""
+    """Rollout filters, generation rounds and carry-over (docs/rollouts.md), mixed in before
+    TRL's or MaxEnt's trainer (each round calls theirs)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -69,6 +61,10 @@ class RolloutMixin:
         )
         self._carried: list[tuple[dict, list[float]]] = []
         self._reserve_position = 0
+        if self._rollouts_on:
+            state_registry(self).register(
+                "rollouts", self._rollout_state, self._load_rollout_state, per_process=True
+            )
         self._reserve_order: tuple[int, list[int]] = (-1, [])
         self._round_capture = None
         self._rollout_skip = False
@@ -287,48 +283,26 @@ class RolloutMixin:
 
     # ---- checkpoints ----------------------------------------------------------------------
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if not self._rollouts_on:
-            return
-        checkpoint = (
-            Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-        )
-        checkpoint.mkdir(parents=True, exist_ok=True)
-        state = {
+    def _rollout_state(self) -> dict:
+        return {
             "reserve_position": self._reserve_position,
             "carried": [
                 ({key: t.cpu() for key, t in tensors.items()}, rewards)
                 for tensors, rewards in self._carried
             ],
         }
-        path = checkpoint / STATE_FILE.format(self.accelerator.process_index)
-        torch.save(state, path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)
-        self.accelerator.wait_for_everyone()
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None or not self._rollouts_on:
-            return
-        path = Path(checkpoint) / STATE_FILE.format(self.accelerator.process_index)
-        if not path.is_file():
-            logger.warning(
-                "rollouts: %s has no %s; starting with no carried groups", checkpoint, path.name
-            )
-            return
-        state = torch.load(path, weights_only=True)
+    def _load_rollout_state(self, state: dict) -> None:
         device = self.accelerator.device
-        self._reserve_position = state["reserve_position"]
+        self._reserve_position = int(state["reserve_position"])
         self._carried = [
-            ({key: t.to(device) for key, t in tensors.items()}, rewards)
+            ({key: t.to(device) for key, t in tensors.items()}, list(rewards))
             for tensors, rewards in state["carried"]
         ]
         logger.warning(
-            "rollouts: resumed %d carried groups, extra-prompt position %d, from %s",
+            "rollouts: resumed %d carried groups, extra-prompt position %d",
             len(self._carried),
             self._reserve_position,
-            path,
         )
 
 
