@@ -93,8 +93,8 @@ def component_trainer(model: Path, workdir: Path):
     """A MaxEnt trainer of the smoke recipe's batch shape, CPU, rewards all 0."""
     from datasets import Dataset
 
-    from maxent_grpo.maxent.config import MaxEntConfig
     from maxent_grpo.maxent.trainer import MaxEntGRPOTrainer
+    from maxent_grpo.recipe.maxent_keys import MaxEntConfig
 
     recipe = yaml.safe_load(SMOKE_MAXENT.read_text())
     args = MaxEntConfig(

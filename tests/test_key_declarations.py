@@ -1,6 +1,6 @@
 """Every view derived from the keys' declarations agrees with them (recipe/declare.py).
 
-A key is declared once: our fields (recipe/keys.py, maxent/config.py) or TRL's plus
+A key is declared once: our fields (recipe/*_keys.py, recipe/keys.py) or TRL's plus
 recipe/ranges.py TRL_KEYS. Derived: recipe/schema.json, the range checks (read time and a
 section's __post_init__), the launcher's TRL-free defaults (launch/requirements.py) and the
 docs reference (docs/_ext/maxent_reference.py). Each test below fails when one view drifts.
@@ -132,8 +132,8 @@ def test_the_docs_reference_shows_each_declaration():
 
 def test_reward_defaults_and_builtin_benchmarks_agree_with_the_lower_layer():
     from maxent_grpo.benchmarks.spec import BUILTIN_BENCHMARKS
-    from maxent_grpo.recipe.keys import _PASSED_SETTINGS, ScriptArguments
     from maxent_grpo.recipe.migrations import BUILTIN_BENCHMARK_NAMES
+    from maxent_grpo.recipe.script_keys import _PASSED_SETTINGS, ScriptArguments
     from maxent_grpo.rewards.registry import REWARD_SETTINGS
 
     script = ScriptArguments()
@@ -141,3 +141,31 @@ def test_reward_defaults_and_builtin_benchmarks_agree_with_the_lower_layer():
         k: REWARD_SETTINGS[k] for k in _PASSED_SETTINGS
     }
     assert tuple(BUILTIN_BENCHMARKS) == BUILTIN_BENCHMARK_NAMES
+
+
+def test_a_read_recipe_has_its_ranges_checked_once(monkeypatch):
+    """read_recipe checks every declared range; build_recipe builds from those keys and does not
+    check them again; a section built directly checks its own (its __post_init__)."""
+    from maxent_grpo.recipe import build_recipe, checks, keys, parser, read_recipe
+    from maxent_grpo.recipe.maxent_keys import MaxEntConfig
+
+    read, built = [], []
+    monkeypatch.setattr(parser, "check_ranges", lambda k: read.append(k.path))
+    monkeypatch.setattr(keys, "check_own_ranges", lambda c: built.append(type(c).__name__))
+    recipe = read_recipe(["--config", str(REPO / "recipes/smoke/config_maxent.yaml")])
+    build_recipe(recipe, world_size=2)
+    assert (len(read), built) == (1, [])
+    MaxEntConfig(output_dir="out", maxent_tau=0.5, use_cpu=True, bf16=False)
+    assert built == ["MaxEntConfig"]
+    monkeypatch.setattr(parser, "check_ranges", checks.check_ranges)
+    with pytest.raises(ConfigError, match="maxent_tau"):
+        recipe.with_values(maxent_tau=0.0)  # what-ifs are read keys too: checked once, there
+
+
+def test_the_rollout_filters_help_names_each_registered_filter():
+    from maxent_grpo.recipe.keys import GRPOConfig
+    from maxent_grpo.rollout_filters import BUILTIN_FILTERS
+
+    (declared,) = [f for f in dataclasses.fields(GRPOConfig) if f.name == "rollout_filters"]
+    for name, function in BUILTIN_FILTERS.items():
+        assert f"{name} ({function.__doc__})" in declared.metadata["help"]

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from maxent_grpo.maxent.config import MaxEntConfig
 from maxent_grpo.maxent.controllers import TauController
 from maxent_grpo.maxent.weights import (
     informative_groups,
@@ -20,6 +19,7 @@ from maxent_grpo.maxent.weights import (
     weighted_policy_loss,
 )
 from maxent_grpo.recipe import ConfigError, parse_recipe
+from maxent_grpo.recipe.maxent_keys import MaxEntConfig
 from maxent_grpo.train.adaptive_kl import KLController
 
 K = 4
@@ -327,11 +327,12 @@ def test_init_kl_coeff_sets_trls_beta():
         ({"kl_horizon": 100}, "kl_target"),
         ({"kl_target": 0.1, "kl_horizon": 100}, "init_kl_coeff"),
         ({"kl_target": -1.0, "kl_horizon": 100, "init_kl_coeff": 0.1}, "kl_target"),
-        ({"maxent_tau_lr": 0.1}, "maxent_tau_lr"),
+        ({"maxent_tau_lr": 0.2}, "maxent_tau_lr"),
         ({"maxent_tau_max": 10.0}, "maxent_tau_max"),
         ({"maxent_target_weight_entropy": 2.0}, "maxent_target_weight_entropy"),
         ({"maxent_target_weight_entropy": 1.0, "maxent_tau_min": 2.0}, "maxent_tau"),
         ({"maxent_target_weight_entropy": 1.0, "maxent_tau_lr": 0.0}, "maxent_tau_lr"),
+        ({"maxent_target_weight_entropy": 1.0, "maxent_tau_min": 0.0}, "maxent_tau_min"),
         ({"sync_ref_model": True}, "sync_ref_model"),
         ({"loss_type": "grpo"}, "loss_type"),
         ({"scale_rewards": "batch"}, "scale_rewards"),
@@ -346,13 +347,16 @@ def test_bad_keys_are_one_line_config_errors(overrides, key):
     assert message.startswith(f"{key}:") and "\n" not in message
 
 
-def test_tau_controller_defaults_fill_in():
-    config = make_config(maxent_target_weight_entropy=1.0)
-    assert (config.maxent_tau_lr, config.maxent_tau_min, config.maxent_tau_max) == (
-        0.1,
-        1e-3,
-        1e3,
-    )
+def test_tau_controller_defaults_are_the_fields_alone():
+    """One default per knob: the field's, with or without a target; the default written out
+    without a target changes nothing and is accepted."""
+    for config in (make_config(maxent_target_weight_entropy=1.0), make_config()):
+        assert (config.maxent_tau_lr, config.maxent_tau_min, config.maxent_tau_max) == (
+            0.1,
+            1e-3,
+            1e3,
+        )
+    assert make_config(maxent_tau_lr=0.1, maxent_tau_max=1e3).maxent_tau_lr == 0.1
 
 
 def test_recipes_parse():

@@ -100,7 +100,7 @@ def test_one_problem_stays_one_line(tmp_path):
 
 
 def test_every_problem_of_a_maxent_section(tmp_path):
-    path = recipe(tmp_path, "method: maxent\nmaxent_tau: 0\nloss_type: grpo\nmaxent_tau_lr: 0.1\n")
+    path = recipe(tmp_path, "method: maxent\nmaxent_tau: 0\nloss_type: grpo\nmaxent_tau_lr: 0.2\n")
     found = problems_of(["--config", path])
     assert len(found) == 3, found
     assert all(line.startswith(f"{path}: ") for line in found)

@@ -53,7 +53,7 @@ def same(a, b) -> bool:
 def test_committed_schema_is_current():
     fresh = schema.render(schema.generate())
     assert schema.SCHEMA_PATH.read_text() == fresh, (
-        f"{schema.SCHEMA_PATH.name} is out of date (recipe/keys.py, maxent/config.py or TRL "
+        f"{schema.SCHEMA_PATH.name} is out of date (recipe/*_keys.py, recipe/keys.py or TRL "
         f"changed); run: {schema.WRITE_COMMAND}"
     )
 

@@ -10,15 +10,8 @@ from helpers.paths import SMOKE as SMOKE_GRPO
 from maxent_grpo.errors import ConfigError
 from maxent_grpo.recipe.keys import GRPOConfig
 from maxent_grpo.recipe.parser import read_recipe
-from maxent_grpo.train.rollouts import (
-    FilterSettings,
-    Group,
-    StepTally,
-    apply_filters,
-    resolve_filters,
-    round_sizes,
-    usable_groups,
-)
+from maxent_grpo.rollout_filters import FilterSettings, Group, apply_filters, resolve_filters
+from maxent_grpo.train.rollouts import StepTally, round_sizes, usable_groups
 
 SETTINGS = FilterSettings()
 

@@ -3,7 +3,7 @@
 Nothing here is copied by hand: the recipe keys come from their declarations
 (``maxent_grpo.recipe.declare``): the dataclasses the recipe parser uses (each method's
 sections in ``maxent_grpo.recipe.sections.SECTIONS``: ``recipe.keys.GRPO_TYPES``,
-``maxent.config.MAXENT_TYPES``) through ``dataclasses.fields()`` and ``metadata["help"]``, each
+``recipe.maxent_keys.MAXENT_TYPES``) through ``dataclasses.fields()`` and ``metadata["help"]``, each
 key's range and packages (``recipe.schema.key_declarations``) and the old keys migrated to it
 (``recipe.migrations.MIGRATIONS``); the set of keys is the set of flags the recipe parser
 builds from those dataclasses

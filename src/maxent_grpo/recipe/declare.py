@@ -1,6 +1,6 @@
 """What a recipe key accepts beyond its type: its range and the optional package it needs.
 
-Each key is declared once. Our keys are dataclass fields (recipe/keys.py, maxent/config.py):
+Each key is declared once. Our keys are dataclass fields (recipe/*_keys.py, recipe/keys.py):
 name, type, default, help and `choices` in the field, and the rest in the field's type,
 `Annotated[float, Accepts(range=(">", 0))]`. TRL's and transformers' keys are declared by
 their libraries (name, type, default, help); what we add to them is one `Accepts` each in

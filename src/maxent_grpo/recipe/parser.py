@@ -66,11 +66,14 @@ class RecipeKeys:
         )
 
     def with_values(self, **changes: Any) -> RecipeKeys:
-        """The same recipe with some values changed (tests, planning what-ifs)."""
+        """The same recipe with some values changed (tests, planning what-ifs), their ranges
+        checked as read_recipe checks them (build_recipe does not check them again)."""
         unknown = set(changes) - set(self.values)
         if unknown:
             raise KeyError(f"not recipe keys: {sorted(unknown)}")
-        return replace(self, values={**self.values, **changes})
+        keys = replace(self, values={**self.values, **changes})
+        check_ranges(keys)
+        return keys
 
 
 def _closest(key: str, valid: list[str]) -> str:

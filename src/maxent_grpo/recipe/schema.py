@@ -1,7 +1,7 @@
 """The recipe key schema: every flag TRL's parser would make, without importing TRL.
 
     python -m maxent_grpo.recipe.schema --write    # regenerate schema.json (after a change to
-                                                   # recipe/keys.py, maxent/config.py,
+                                                   # recipe/*keys.py,
                                                    # recipe/ranges.py or TRL)
 
 Importing TRL, transformers and torch takes seconds; the launcher (plan, sbatch, submit, every

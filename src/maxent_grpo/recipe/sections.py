@@ -6,7 +6,7 @@ a method (name, label, entry script) are methods.py.
 
 from __future__ import annotations
 
-from maxent_grpo.maxent.config import MAXENT_TYPES
 from maxent_grpo.recipe.keys import GRPO_TYPES, RecipeTypes
+from maxent_grpo.recipe.maxent_keys import MAXENT_TYPES
 
 SECTIONS: dict[str, RecipeTypes] = {"grpo": GRPO_TYPES, "maxent": MAXENT_TYPES}

@@ -192,7 +192,7 @@ def method_from_training_args(out: OutputDir) -> str | None:
     """GRPO or MaxEnt from training_args.bin without unpickling it.
 
     torch.save stores the pickle uncompressed; it names the config class by module and name
-    (maxent_grpo...GRPOConfig, maxent_grpo.maxent.config.MaxEntConfig).
+    (maxent_grpo...GRPOConfig, maxent_grpo...MaxEntConfig).
     """
     paths = [out.path / "training_args.bin"] if "training_args.bin" in out.names else []
     if out.checkpoints:

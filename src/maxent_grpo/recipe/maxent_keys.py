@@ -1,4 +1,4 @@
-"""MaxEnt-GRPO recipe keys: our GRPOConfig plus the MaxEnt knobs, validated up front.
+"""The training section of a MaxEnt-GRPO recipe: our GRPOConfig plus the MaxEnt knobs.
 
 Every key has one meaning. TRL's `beta` is not a separate knob here: it is set from
 init_kl_coeff so that TRL builds the reference model and computes its log-probs, while the
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Annotated
+from typing import Annotated, Any
 
 import trl
 from trl import ModelConfig
@@ -18,11 +18,6 @@ from trl import ModelConfig
 from maxent_grpo.recipe.declare import Accepts
 from maxent_grpo.recipe.keys import ConfigError, GRPOConfig, LauncherKeys, ScriptArguments
 from maxent_grpo.recipe.problems import run_checks
-
-# Defaults of the tau controller, used when maxent_target_weight_entropy is set.
-DEFAULT_TAU_LR = 0.1
-DEFAULT_TAU_MIN = 1.0e-3
-DEFAULT_TAU_MAX = 1.0e3
 
 # TRL GRPO keys with no meaning for the MaxEnt loss, and what to use instead.
 _UNUSED_TRL_KEYS = {
@@ -97,29 +92,28 @@ class MaxEntConfig(GRPOConfig):
             "Unset: tau stays maxent_tau."
         },
     )
-    maxent_tau_lr: Annotated[float | None, Accepts(range=(">", 0))] = field(
-        default=None,
+    # The tau controller's knobs: their defaults here are the only ones (the trainer reads them).
+    maxent_tau_lr: Annotated[float, Accepts(range=(">", 0))] = field(
+        default=0.1,
         metadata={
-            "help": "Step size of the tau controller, per nat of entropy error (default "
-            f"{DEFAULT_TAU_LR}). Only with maxent_target_weight_entropy."
-        },
-    )
-    maxent_tau_min: float | None = field(
-        default=None,
-        metadata={
-            "help": f"Lower bound of the adaptive tau (default {DEFAULT_TAU_MIN}). Only with "
+            "help": "Step size of the tau controller, per nat of entropy error. Only with "
             "maxent_target_weight_entropy."
         },
     )
-    maxent_tau_max: float | None = field(
-        default=None,
+    maxent_tau_min: Annotated[float, Accepts(range=(">", 0))] = field(
+        default=1.0e-3,
         metadata={
-            "help": f"Upper bound of the adaptive tau (default {DEFAULT_TAU_MAX}). Only with "
-            "maxent_target_weight_entropy."
+            "help": "Lower bound of the adaptive tau. Only with maxent_target_weight_entropy."
+        },
+    )
+    maxent_tau_max: Annotated[float, Accepts(range=(">", 0))] = field(
+        default=1.0e3,
+        metadata={
+            "help": "Upper bound of the adaptive tau. Only with maxent_target_weight_entropy."
         },
     )
 
-    def __post_init__(self):
+    def _check_section(self) -> None:
         run_checks(
             self._check_unused_trl_keys,
             self._check_weights,
@@ -130,7 +124,7 @@ class MaxEntConfig(GRPOConfig):
         # loss replaces TRL's, so TRL's per-token KL penalty is never added. GRPOConfig checks
         # init_kl_coeff and the adaptive beta (kl_target, kl_horizon), shared with GRPO.
         self.beta = self.init_kl_coeff
-        super().__post_init__()
+        super()._check_section()
 
     def _check_unused_trl_keys(self) -> None:
         for key, why in _UNUSED_TRL_KEYS.items():
@@ -165,11 +159,11 @@ class MaxEntConfig(GRPOConfig):
             )
 
     def _check_tau_controller(self) -> None:
-        knobs = ("maxent_tau_lr", "maxent_tau_min", "maxent_tau_max")
+        """Rules across keys; each knob's own range (> 0) is declared with its field."""
         target = self.maxent_target_weight_entropy
         if target is None:
-            for knob in knobs:
-                if getattr(self, knob) is not None:
+            for knob in _TAU_KNOBS:
+                if getattr(self, knob) != _DEFAULTS[knob]:
                     raise ConfigError(
                         f"{knob}: {getattr(self, knob)} only applies to the adaptive tau; set "
                         f"maxent_target_weight_entropy or remove {knob}"
@@ -181,18 +175,14 @@ class MaxEntConfig(GRPOConfig):
                 f"maxent_target_weight_entropy: {target}: must lie strictly between 0 (one-hot "
                 f"weights) and log(num_generations) = {max_entropy:.4g} (uniform weights)"
             )
-        if self.maxent_tau_lr is None:
-            self.maxent_tau_lr = DEFAULT_TAU_LR
-        if self.maxent_tau_min is None:
-            self.maxent_tau_min = DEFAULT_TAU_MIN
-        if self.maxent_tau_max is None:
-            self.maxent_tau_max = DEFAULT_TAU_MAX
-        if not 0 < self.maxent_tau_min <= self.maxent_tau <= self.maxent_tau_max:
+        if not self.maxent_tau_min <= self.maxent_tau <= self.maxent_tau_max:
             raise ConfigError(
                 f"maxent_tau: {self.maxent_tau}: must lie in [maxent_tau_min, maxent_tau_max] = "
-                f"[{self.maxent_tau_min}, {self.maxent_tau_max}] with maxent_tau_min > 0; "
-                "change maxent_tau or the bounds"
+                f"[{self.maxent_tau_min}, {self.maxent_tau_max}]; change maxent_tau or the bounds"
             )
 
+
+_TAU_KNOBS = ("maxent_tau_lr", "maxent_tau_min", "maxent_tau_max")
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(MaxEntConfig)}
 
 MAXENT_TYPES = (ScriptArguments, MaxEntConfig, ModelConfig, LauncherKeys)
