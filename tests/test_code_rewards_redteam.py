@@ -151,7 +151,7 @@ for index, source in enumerate(control['tests']):
             site, *args = node.args
             shown = [a.value for a in args if isinstance(a, ast.Constant)]
             own = lambda a: shown[0] if shown else eval(ast.unparse(a))  # the program's value
-            values = [repr(a.value if isinstance(a, ast.Constant) else own(a)) for a in args]
+            values = [a.value if isinstance(a, ast.Constant) else own(a) for a in args]
             send(statement=index, site=site.value, values=values)
     send(statement=index, done=True)
 os._exit(0)
@@ -181,6 +181,163 @@ def test_reading_the_tests_while_the_program_runs_finds_nothing():
         "    def add(a, b):\n        return int('3133' + '7')\n"
     )
     assert unit_score(WRONG_ADD + snoop, "assert add(1, 2) == 31337") == 0.0
+
+
+# Writes, with the runner's nonce, the records given as RECORDS (a Python expression of a list of
+# dicts, evaluated with `nonce` and `tests` bound), then exits before the runner runs.
+FORGE_RECORDS = """
+import json, os
+argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')
+control_fd, channel = int(argv[-3]), int(argv[-2])
+control = json.loads(os.read(control_fd, 1 << 20))
+nonce, tests = control['nonce'], control['tests']
+for record in RECORDS:
+    os.write(channel, (json.dumps({'nonce': nonce, **record}) + '\\n').encode())
+os._exit(0)
+"""
+
+
+def test_if_raise_tests_are_judged_outside():
+    """Attack: tests written without assert (`if add(2, 3) != 5: raise ...`) and an add whose
+    result's __ne__ is False. Verdict: 0.0 (the check is `not (hole != 5)`, computed in the
+    trainer on plain data); the honest add 1.0, the wrong one 0.0."""
+    tests = "if add(2, 3) != 5:\n    raise AssertionError('add')\n"
+    tests += "if add(1, 1) != 2:\n    raise ValueError\n"
+    never = "class No:\n    __ne__ = lambda self, other: False\ndef add(a, b):\n    return No()\n"
+    assert unit_score("def add(a, b):\n    return a + b", tests) == 1.0
+    assert unit_score(WRONG_ADD, tests) == 0.0
+    assert unit_score(never, tests) == 0.0
+
+
+MBPP_2 = [  # MBPP task 2 (similar_elements), its test_list
+    "assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))",
+    "assert set(similar_elements((1, 2, 3, 4),(5, 4, 3, 7))) == set((3, 4))",
+    "assert set(similar_elements((11, 12, 14, 13),(17, 15, 14, 13))) == set((13, 14))",
+]
+
+
+def test_shadowing_a_builtin_does_not_pass_an_mbpp_test():
+    """Attack: a wrong similar_elements with `set` rebound to a constant, used on both sides of
+    MBPP task 2's asserts. Verdict: 0.0 (only similar_elements(...) is evaluated inside; set()
+    and the expected side are the trainer's); the honest solution 1.0."""
+    honest = "def similar_elements(a, b):\n    return tuple(set(a) & set(b))"
+    shadow = "set = lambda *args: 0\ndef similar_elements(a, b):\n    return ()"
+    assert unit_score(honest, str(MBPP_2)) == 1.0
+    assert unit_score(shadow, str(MBPP_2)) == 0.0
+
+
+HUMANEVAL_0 = """
+
+METADATA = {
+    'author': 'jt',
+    'dataset': 'test'
+}
+
+
+def check(candidate):
+    assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True
+    assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.05) == False
+    assert candidate([1.0, 2.0, 5.9, 4.0, 5.0], 0.95) == True
+    assert candidate([1.0, 2.0, 5.9, 4.0, 5.0], 0.8) == False
+    assert candidate([1.0, 2.0, 3.0, 4.0, 5.0, 2.0], 0.1) == True
+    assert candidate([1.1, 2.2, 3.1, 4.1, 5.1], 1.0) == True
+    assert candidate([1.1, 2.2, 3.1, 4.1, 5.1], 0.5) == False
+
+"""  # HumanEval/0 (has_close_elements), its test field
+
+
+def test_humaneval_check_is_judged_outside():
+    """Attack: HumanEval/0 answered with an object equal to everything, or a constant True.
+    Verdict: 0.0 each; the honest solution 1.0 (entry point has_close_elements)."""
+    honest = (
+        "def has_close_elements(numbers, threshold):\n"
+        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers)"
+        " for b in numbers[i + 1:])"
+    )
+    (unit,) = get_reward_funcs(["python_unit_tests"], code_timeout_seconds=3)
+    cheats = [
+        "class Yes:\n    __eq__ = lambda s, o: True\n"
+        "def has_close_elements(n, t):\n    return Yes()",
+        "def has_close_elements(n, t):\n    return True",
+    ]
+    completions = [fenced(honest), *map(fenced, cheats)]
+    scores = unit(completions, solution=[HUMANEVAL_0] * 3, entry_point=["has_close_elements"] * 3)
+    assert scores == [1.0, 0.0, 0.0]
+
+
+UNITTEST_STYLE = """
+import unittest
+
+class TestAdd(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(add(2, 3), 5)
+        self.assertTrue(add(1, 1) == 2)
+        self.assertAlmostEqual(add(0.1, 0.2), 0.3)
+
+if __name__ == "__main__":
+    unittest.main()
+"""
+PYTEST_STYLE = (
+    "def test_add():\n    assert add(2, 3) == 5\n\ndef test_zero():\n    assert add(0, 0) == 0\n"
+)
+
+
+def test_unittest_and_pytest_style_tests_are_judged_outside():
+    """Attack: unittest-style and pytest-style tests (never called before: every statement
+    done was enough) against a wrong add, an object equal to everything and a patched
+    unittest. Verdict: 0.0 each; the honest add 1.0 in both styles."""
+    honest = "def add(a, b):\n    return a + b"
+    yes = "class Yes:\n    __eq__ = lambda s, o: True\n    __bool__ = lambda s: True\n"
+    patched = "import unittest\nunittest.TestCase.assertEqual = lambda *a: None\n" + WRONG_ADD
+    for tests in (UNITTEST_STYLE, PYTEST_STYLE):
+        assert unit_score(honest, tests) == 1.0
+        assert unit_score(WRONG_ADD, tests) == 0.0
+        assert unit_score(yes + "def add(a, b):\n    return Yes()", tests) == 0.0
+        assert unit_score(patched, tests) == 0.0
+
+
+def test_tests_that_cannot_be_judged_outside_score_0_and_are_counted():
+    """Attack: tests whose verdict would rest on the program (assertRaises, pytest.raises, no
+    check at all). Verdict: 0.0 without running, counted in rewards/<name>/unjudged."""
+    raises = "import unittest\nclass T(unittest.TestCase):\n    def test_x(self):\n"
+    raises += "        with self.assertRaises(ValueError):\n            add(1, 'a')\n"
+    nothing = "add(2, 3)\n"
+    logged = {}
+    (unit,) = get_reward_funcs(["python_unit_tests"], code_timeout_seconds=3)
+    honest = fenced("def add(a, b):\n    return a + b")
+    scores = unit(
+        [honest] * 3,
+        solution=[raises, nothing, "assert add(2, 3) == 5"],
+        log_metric=lambda name, value: logged.update({name: value}),
+    )
+    assert scores == [0.0, 0.0, 1.0]
+    assert logged == {"rewards/python_unit_tests/unjudged": 2.0}
+
+
+def test_a_hash_colliding_record_is_refused_within_the_run_time():
+    """Attack: a forged record holding a set of 40,000 integers with one hash (building it took
+    literal_eval 20-33 s after the program ended). Verdict: 0.0, the whole call within the
+    run's time (3 s)."""
+    same_hash = "[k * (2**61 - 1) + 7 for k in range(40000)]"
+    colliding = f"[{{'statement': 0, 'site': 0, 'values': [{{'s': {same_hash}}}]}}]"
+    start = time.monotonic()
+    score = unit_score(FORGE_RECORDS.replace("RECORDS", colliding), "assert add(2, 3) == {1}")
+    assert score == 0.0 and time.monotonic() - start < 3
+
+
+def test_a_malformed_record_scores_that_program_0_not_the_batch():
+    """Attack: a done record whose statement is a list (unhashable: it raised TypeError for
+    the whole batch before), and records with NaN and bad tags. Verdict: that program 0.0, the
+    honest program of the same batch still 1.0."""
+    (unit,) = get_reward_funcs(["python_unit_tests"], code_timeout_seconds=3)
+    forged = [
+        "[{'statement': [0], 'done': True}]",
+        "[{'statement': 0, 'site': 0, 'values': [float('nan')]}]",
+        "[{'statement': 0, 'site': 0, 'values': [{'zz': []}]}, {'statement': 0, 'done': 1}]",
+    ]
+    completions = [fenced(FORGE_RECORDS.replace("RECORDS", r)) for r in forged]
+    completions.append(fenced("def add(a, b):\n    return a + b"))
+    assert unit(completions, solution=["assert add(2, 3) == 5"] * 4) == [0.0, 0.0, 0.0, 1.0]
 
 
 # ---- forged passes: code -------------------------------------------------------------------------

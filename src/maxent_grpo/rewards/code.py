@@ -20,7 +20,7 @@ from typing import Any
 
 # Rewards that need a judge this toolkit does not have: declared with the migrations (recipe/,
 # the lower layer), which `maxent-grpo migrate` reads too.
-from maxent_grpo.recipe.migrations import JUDGED_REWARDS
+from maxent_grpo.recipe.migration.rewards import JUDGED_REWARDS
 from maxent_grpo.rewards import unit_tests
 from maxent_grpo.rewards.common import RewardError, column, contents, references
 from maxent_grpo.rewards.sandbox import Limits, run_python
@@ -221,14 +221,21 @@ class UnitTests:
     def __repr__(self) -> str:
         return f"UnitTests(limits={self.limits}, workers={self.workers})"
 
-    def _passes(self, code: str, tests: Any, entry_point: Any) -> bool:
+    def _prepare(self, tests: Any, entry_point: Any) -> unit_tests.Prepared:
         try:
             prepared = unit_tests.prepare(_unit_test_source(tests), entry_point)
         except SyntaxError as err:
             raise RewardError(f"python_unit_tests: the row's tests do not parse ({err})") from err
+        if prepared.unjudged:
+            logger.warning("python_unit_tests: scored 0.0, %s", prepared.unjudged)
+        return prepared
+
+    def _passes(self, code: str, prepared: unit_tests.Prepared) -> bool:
         nonce, message = unit_tests.control(prepared.statements)
         result = run_python(code, "", self.limits, runner=unit_tests.RUNNER, control=message)
-        return result.ok and unit_tests.verdict(result.channel, nonce, prepared)
+        # The records' cost is bounded (outside.decode) and so is their time: the run's own.
+        budget = self.limits.wall_seconds
+        return result.ok and unit_tests.verdict(result.channel, nonce, prepared, budget)
 
     def __call__(
         self,
@@ -241,13 +248,18 @@ class UnitTests:
         refs = references(self.__name__, solution, len(texts))
         entries = entry_point if isinstance(entry_point, list) else [None] * len(texts)
         scores: list[float | None] = []
-        owners, jobs = [], []
+        owners, jobs, unjudged = [], [], 0
         for i, (text, tests, entry) in enumerate(zip(texts, refs, entries, strict=True)):
             code = None if tests is None else extract_code(text)
             scores.append(None if tests is None else 0.0)
-            if code is not None:
+            prepared = None if code is None else self._prepare(tests, entry)
+            unjudged += bool(prepared and prepared.unjudged)
+            if prepared and not prepared.unjudged:
                 owners.append(i)
-                jobs.append(lambda c=code, t=tests, e=entry: self._passes(c, t, e))
+                jobs.append(lambda c=code, p=prepared: self._passes(c, p))
         for owner, ok in zip(owners, _run_all(jobs, self.workers), strict=True):
             scores[owner] = float(ok)
+        log_metric = kwargs.get("log_metric")
+        if unjudged and callable(log_metric):  # a dataset whose tests this cannot judge
+            log_metric(f"rewards/{self.__name__}/unjudged", float(unjudged))
         return scores
