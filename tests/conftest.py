@@ -8,8 +8,9 @@ import pytest
 
 from helpers.paths import REPO
 
-# With CI set, a skip is a failure (see there); the in-process check/migrate fixtures.
-pytest_plugins = ["helpers.ci_skips", "helpers.migrating"]
+# With CI set, a skip is a failure (see there); the in-process check/migrate fixtures; a test
+# that leaves files in the checkout fails (helpers/clean_checkout.py).
+pytest_plugins = ["helpers.ci_skips", "helpers.migrating", "helpers.clean_checkout"]
 
 
 @pytest.fixture(scope="session")

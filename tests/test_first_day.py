@@ -30,7 +30,8 @@ STOP = "tests.helpers.stop_rewards:stop_at_step"
 
 
 def _launch(recipe, *args, **env):
-    return run([MAXENT_GRPO, "run", "--config", str(recipe), *args], **env)
+    logs = ["--logs-dir", os.path.join(os.path.dirname(recipe), "logs")]  # not the checkout's
+    return run([MAXENT_GRPO, "run", "--config", str(recipe), *logs, *args], **env)
 
 
 def test_a_resume_keeps_the_settings_the_run_started_with(tmp_path, tiny_model):

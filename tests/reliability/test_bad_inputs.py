@@ -102,7 +102,10 @@ def test_bad_input_through_real_processes(case, tmp_path, tiny_model):
     path = write(tmp_path, break_it(good_settings(tmp_path, tiny_model), tmp_path))
     commands = {
         "grpo.py": [PYTHON, str(REPO / "src" / "grpo.py"), "--config", str(path)],
-        "run": [str(Path(PYTHON).parent / "maxent-grpo"), "run", "--config", str(path)],
+        "run": [
+            *(str(Path(PYTHON).parent / "maxent-grpo"), "run", "--config", str(path)),
+            *("--logs-dir", str(tmp_path / "logs")),
+        ],
     }
     for name, command in commands.items():
         result = run(command, timeout=180, PYTHONPATH=str(tmp_path))

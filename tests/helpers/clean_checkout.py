@@ -1,0 +1,94 @@
+"""A pytest plugin: tests leave the checkout as they found it (what a test writes goes under
+tmp_path).
+
+Each test: the run folders (`logs/`, `outputs/`, what `maxent-grpo runs` reads, and
+`bench/results/`, `wandb/`) and the repository's top level are listed before and after; an
+entry the test added fails it, naming the paths. With CI set (a checkout of its own), the whole
+session is also compared with `git status --porcelain --ignored --untracked-files=all`, caches
+left out, for files left deeper in the tree. Locally that comparison is left out: engineers
+sharing a checkout create files while a suite runs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from helpers.ci_skips import in_ci
+from helpers.paths import REPO
+
+# Written by the runs a test starts (default logs_dir, output_dir, benchmark results, W&B).
+RUN_FOLDERS = ("logs", "outputs", "bench/results", "wandb")
+# Caches that tests may fill: interpreter, tools, the tiny model (made once, as training.sh
+# does), the docs build.
+CACHES = (
+    ".venv/",
+    ".cache/",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    ".gpu-kit/",
+    "docs/_build/",
+    "docs/reference/generated/",
+)
+
+
+def _cache(path: str) -> bool:
+    return path.startswith(CACHES) or "__pycache__/" in path or path.endswith(".egg-info/")
+
+
+def listing() -> set[str]:
+    """The top level and the run folders' entries, as paths relative to the repository."""
+    found = {p.name + "/" * p.is_dir() for p in REPO.iterdir()}
+    for folder in RUN_FOLDERS:
+        path = REPO / folder
+        if path.is_dir():
+            found |= {f"{folder}/{p.name}" for p in path.iterdir()}
+    return {p for p in found if not _cache(p)}
+
+
+def left_behind(before: set[str], after: set[str]) -> list[str]:
+    return sorted(after - before)
+
+
+def untracked() -> set[str]:
+    """Untracked and ignored paths (`git status`), caches and bytecode left out."""
+    result = subprocess.run(
+        ["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    paths = {entry[3:] for entry in result.stdout.split("\0") if entry[:2] in ("??", "!!")}
+    return {p for p in paths if not _cache(p)}
+
+
+@pytest.fixture(autouse=True)
+def _leaves_the_checkout_clean(request):
+    before = listing()
+    yield
+    new = left_behind(before, listing())
+    if new:
+        pytest.fail(
+            f"{request.node.nodeid} left files in the checkout: {', '.join(new)}; write them "
+            "under tmp_path (e.g. --logs-dir, output_dir)",
+            pytrace=False,
+        )
+
+
+def pytest_sessionstart(session):
+    session.config._clean_checkout_before = untracked() if in_ci() else None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = getattr(session.config, "_clean_checkout_before", None)
+    if before is None:
+        return
+    new = left_behind(before, untracked())
+    if new:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        line = f"tests left files in the checkout: {', '.join(new[:20])}"
+        if reporter is not None:
+            reporter.write_line(f"error: {line}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

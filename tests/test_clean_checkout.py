@@ -1,0 +1,33 @@
+"""A test that leaves files in the checkout fails (helpers/clean_checkout.py): `make test`
+once wrote run logs into the repository's logs/, and `maxent-grpo runs` showed a phantom run."""
+
+from __future__ import annotations
+
+import uuid
+
+from helpers.paths import REPO
+
+pytest_plugins = ["pytester"]
+
+
+def test_a_test_that_leaves_a_run_log_in_the_checkout_fails(pytester):
+    probe = REPO / "logs" / f"clean-checkout-probe-{uuid.uuid4().hex[:8]}_train.log"
+    pytester.makepyfile(
+        f"""
+        from pathlib import Path
+
+        def test_leaves():
+            Path({str(probe)!r}).write_text("x")
+
+        def test_tidy(tmp_path):
+            (tmp_path / "x").write_text("x")
+        """
+    )
+    try:
+        result = pytester.runpytest_inprocess(
+            "-p", "helpers.clean_checkout", "-p", "no:cacheprovider"
+        )
+    finally:
+        probe.unlink(missing_ok=True)
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines([f"*test_leaves left files in the checkout: logs/{probe.name}*"])
