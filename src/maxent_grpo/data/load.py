@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import datasets
@@ -13,7 +12,7 @@ from maxent_grpo.data.builtin import BUILTIN_COLUMNS, builtin_dataset
 from maxent_grpo.data.errors import DataError
 from maxent_grpo.data.mixture import DatasetMixture, MixtureEntry
 from maxent_grpo.data.prompt_template import render, resolve_template
-from maxent_grpo.data.sources import BUILTIN_PREFIX, LOCAL_FORMATS, source_kind
+from maxent_grpo.data.sources import BUILTIN_PREFIX, local_files, source_kind
 
 ANSWER_COLUMN_OUT = "solution"  # reward functions receive the reference answer as `solution=`
 
@@ -21,27 +20,6 @@ ANSWER_COLUMN_OUT = "solution"  # reward functions receive the reference answer 
 # --------------------------------------------------------------------------------------------
 # Loading one source.
 # --------------------------------------------------------------------------------------------
-
-
-def local_files(path: str, where: str) -> tuple[str, list[str]]:
-    """The `datasets` builder name and the data files of a local file or directory."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise DataError(f"{where}: {path} does not exist; fix the path (relative to {Path.cwd()})")
-    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
-    files = [f for f in files if f.suffix.lower() in LOCAL_FORMATS]
-    if not files:
-        suffixes = " ".join(LOCAL_FORMATS)
-        raise DataError(f"{where}: no data files in {path}; use files ending in {suffixes}")
-    builders = sorted({LOCAL_FORMATS[f.suffix.lower()] for f in files})
-    if len(builders) > 1:
-        raise DataError(
-            f"{where}: {path} mixes formats ({', '.join(builders)}); "
-            "keep one format per directory or list the files as separate mixture entries"
-        )
-    if all(f.stat().st_size == 0 for f in files):
-        raise DataError(f"{where}: {path} is empty (0 rows); add rows or use another dataset")
-    return builders[0], [str(f) for f in files]
 
 
 def load_local(path: str, where: str) -> datasets.Dataset:

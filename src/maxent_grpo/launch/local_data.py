@@ -1,9 +1,11 @@
 """Before launch: the recipe's local data files exist and hold the columns it names.
 
-The launcher imports no `datasets` (seconds per attempt, and data/ imports it), so the column
-names are read from each file's head: a JSON Lines file's first record, a CSV header, a Parquet
-schema, a JSON file's first record. Anything not readable this cheaply is left to the trainers
-(data/load.py preflight_columns, which `maxent-grpo check` runs), with the same messages.
+The launcher imports no `datasets` (seconds per attempt). Which names are local and which
+files are their data is data/sources.py's (source_kind, local_files), as for the trainers'
+loader; the column names are read from the first file's head: a JSON Lines file's first
+record, a CSV header, a Parquet schema, a JSON file's first record. Anything not readable this
+cheaply is left to the trainers (data/load.py preflight_columns, which `maxent-grpo check`
+runs), with the same messages.
 """
 
 from __future__ import annotations
@@ -14,31 +16,28 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from maxent_grpo.data.sources import LOCAL_FORMATS, source_kind
+from maxent_grpo.data.errors import DataError
+from maxent_grpo.data.sources import local_files, source_kind
 from maxent_grpo.errors import ConfigError
 
 COLUMNS_FIX = "set dataset_prompt_column / dataset_answer_column (or the mixture 'columns')"
 
 
 def _sources(values: Mapping[str, Any]) -> Iterator[tuple[str, str, list[str] | None]]:
-    """(local path, key path, the entry's kept columns) for each local source of the recipe."""
+    """(name, key path, the entry's kept columns) for each local source of the recipe."""
     mixture = values.get("dataset_mixture")
     if isinstance(mixture, Mapping):
         for i, entry in enumerate(mixture.get("datasets") or []):
-            if isinstance(entry, Mapping) and isinstance(entry.get("path"), str):
-                columns = entry.get("columns")
-                yield entry["path"], f"dataset_mixture.datasets[{i}]", columns
+            if not isinstance(entry, Mapping):
+                continue  # the trainers' mixture parser says what is wrong with it
+            is_path = isinstance(entry.get("path"), str)
+            name = entry["path"] if is_path else entry.get("id")
+            if isinstance(name, str) and source_kind(name, is_path) == "local":
+                yield name, f"dataset_mixture.datasets[{i}]", entry.get("columns")
         return
     name = values.get("dataset_name")
     if isinstance(name, str) and source_kind(name) == "local":
         yield name, "dataset_name", None
-
-
-def _first_file(path: Path) -> Path | None:
-    if path.is_file():
-        return path if path.suffix.lower() in LOCAL_FORMATS else None
-    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in LOCAL_FORMATS)
-    return files[0] if files else None
 
 
 def header(path: Path) -> list[str] | None:
@@ -69,13 +68,11 @@ def check_local_data(values: Mapping[str, Any]) -> None:
     mixture entry's kept columns). One line, as the trainers' check would say it."""
     required = [values.get("dataset_prompt_column"), values.get("dataset_answer_column")]
     for name, where, kept in _sources(values):
-        path = Path(name).expanduser()
-        if not path.exists():
-            raise ConfigError(
-                f"{where}: {name} does not exist; fix the path (relative to {Path.cwd()})"
-            )
-        first = _first_file(path)
-        available = header(first) if first is not None else None
+        try:
+            _builder, files = local_files(name, where)
+        except DataError as exc:  # a problem of the recipe, collected with the others
+            raise ConfigError(str(exc)) from None
+        available = header(Path(files[0]))
         if available is None:
             continue
         if kept:
