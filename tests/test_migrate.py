@@ -16,14 +16,10 @@ import pytest
 import yaml
 
 from helpers.migrating import run_cli
-from maxent_grpo.recipe.migrate import MARK, migrate_text
-from maxent_grpo.recipe.migrations import (
-    ALIASES,
-    DEFAULT_CHANGES,
-    MIGRATIONS,
-    UNCHANGED_KEYS,
-    VALUE_CHANGES,
-)
+from maxent_grpo.recipe.migration import ALIASES, MIGRATIONS, VALUE_CHANGES
+from maxent_grpo.recipe.migration.edits import MARK
+from maxent_grpo.recipe.migration.engine import migrate_text
+from maxent_grpo.recipe.migration.open_r1 import DEFAULT_CHANGES, UNCHANGED_KEYS
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "open_r1"
 RECIPES = sorted(FIXTURES.glob("*.yaml"))

@@ -15,10 +15,12 @@ import pytest
 import yaml
 
 from helpers.migrating import run_cli
-from maxent_grpo.recipe.migrate import behaviour_differences, migrate_text
-from maxent_grpo.recipe.migrations import MIGRATIONS, UPSTREAM_REWARDS
+from maxent_grpo.recipe.migration import MIGRATIONS
+from maxent_grpo.recipe.migration.engine import behaviour_differences, migrate_text
+from maxent_grpo.recipe.migration.rewards import UPSTREAM_REWARDS
+from maxent_grpo.recipe.migration.upstream import ORIGIN
+from maxent_grpo.recipe.migration.upstream_values import KEPT
 from maxent_grpo.recipe.schema import method_keys
-from maxent_grpo.recipe.upstream_keys import KEPT, ORIGIN
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 UPSTREAM = sorted((FIXTURES / "upstream_maxent").glob("*.yaml"))

@@ -317,7 +317,10 @@ def _check(request, environment) -> str:
 
 def _migrate(args) -> int:
     """`migrate`: write the translated recipe, list what changed, then check the result."""
-    from maxent_grpo.recipe.migrate import behaviour_differences, migrate_text  # imports TRL
+    from maxent_grpo.recipe.migration.engine import (  # migrate only
+        behaviour_differences,
+        migrate_text,
+    )
 
     load_recipe_file(args.recipe)  # one line for a missing or malformed file
     text, changes = migrate_text(

@@ -4,7 +4,7 @@ TrlParser semantics: YAML values become defaults and command-line flags override
 key and value is checked first, so a typo is one line naming the file, the key and the fix
 instead of a traceback an hour into a job; every problem of the file is found in the same pass
 (recipe/problems.py). A key that transformers 5, TRL 1.16 or open-r1 named differently gets the
-line of the migration table (recipe/migrations.py); an alias there is read under our name.
+line of the migration table (recipe/migration/); an alias there is read under our name.
 YAML values are coerced the way the command line would convert them (YAML 1.1 reads 1e-5 as a
 string, for instance).
 
@@ -28,7 +28,7 @@ import yaml
 from maxent_grpo.errors import ConfigError
 from maxent_grpo.methods import METHODS, resolve_method
 from maxent_grpo.recipe.checks import check_ranges
-from maxent_grpo.recipe.migrations import ALIASES, MIGRATIONS
+from maxent_grpo.recipe.migration import ALIASES, MIGRATIONS
 from maxent_grpo.recipe.problems import Problems, collecting
 from maxent_grpo.recipe.schema import method_keys, schema_parser
 
@@ -202,7 +202,7 @@ def _convert_value(
 
 
 def _read_aliases(raw: dict[str, Any], problems: Problems) -> tuple[dict[str, Any], list[str]]:
-    """Keys of other toolkits accepted under our name (recipe/migrations.py ALIASES)."""
+    """Keys of other toolkits accepted under our name (recipe/migration/ ALIASES)."""
     renamed, notes = {}, []
     for key, value in raw.items():
         target = ALIASES.get(key)

@@ -1,7 +1,7 @@
 """The rules of `migrate` that read several keys at once (upstream MaxEnt-GRPO recipes mostly).
 
-Each rule edits the recipe's text through recipe/migrate.py's `_Edits` and records a `Change`;
-what each key becomes is the one table (recipe/migrations.py, recipe/upstream_keys.py).
+Each rule edits the recipe's text (edits.py) and records a `Change`; what each key becomes is
+the one table (this package's __init__.py).
 """
 
 from __future__ import annotations
@@ -9,14 +9,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from maxent_grpo.recipe.migrations import (
+from maxent_grpo.recipe.migration import MIGRATIONS
+from maxent_grpo.recipe.migration.edits import MARK, Change, Edits, set_value, to_yaml
+from maxent_grpo.recipe.migration.kinds import is_number
+from maxent_grpo.recipe.migration.rewards import (
     JUDGED_REWARDS,
-    MIGRATIONS,
     UPSTREAM_BOXED_PENALTY,
     UPSTREAM_REWARDS,
 )
+from maxent_grpo.recipe.migration.upstream import ORIGIN
 from maxent_grpo.recipe.schema import method_keys as keys_of
-from maxent_grpo.recipe.upstream_keys import ORIGIN
 
 _EVAL_KEYS = (
     "eval_dataset_name",
@@ -30,25 +32,21 @@ _EVAL_KEYS = (
 _PENALTIES = {"boxed_missing_penalty"}  # never a benchmark's pass/fail reward
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _reward_name(name: Any) -> Any:
     rename = UPSTREAM_REWARDS.get(name)
     return rename.builtin if rename else name
 
 
-def migrate_rewards(m: Any, edits: Any, keys: dict, recipe: dict[str, Any]) -> None:
+def migrate_rewards(edits: Edits, keys: dict, recipe: dict[str, Any]) -> None:
     """Upstream reward names -> built-ins (the penalty's size into its weight); judged rewards
-    of open-r1 left out with their weights. `m` is recipe/migrate.py (its edit helpers)."""
+    of open-r1 left out with their weights."""
     names = recipe.get("reward_funcs")
     penalty = recipe.get("missing_boxed_answer_penalty", UPSTREAM_BOXED_PENALTY)
     if "missing_boxed_answer_penalty" in keys:
         text = f"missing_boxed_answer_penalty: {penalty} (folded into reward_weights)"
         edits.comment_out(
             keys["missing_boxed_answer_penalty"],
-            m.Change("missing_boxed_answer_penalty", False, text),
+            Change("missing_boxed_answer_penalty", False, text),
         )
     if not isinstance(names, list):
         return
@@ -61,15 +59,15 @@ def migrate_rewards(m: Any, edits: Any, keys: dict, recipe: dict[str, Any]) -> N
     for name, weight in zip(names, old_weights, strict=True):
         if name in JUDGED_REWARDS:
             edits.changes.append(
-                m.Change("reward_funcs", True, f"reward {name}: it {JUDGED_REWARDS[name]}")
+                Change("reward_funcs", True, f"reward {name}: it {JUDGED_REWARDS[name]}")
             )
             continue
         rename = UPSTREAM_REWARDS.get(name)
         if rename is not None:
-            if rename.builtin == "boxed_missing_penalty" and _number(penalty):
+            if rename.builtin == "boxed_missing_penalty" and is_number(penalty):
                 weight = round(weight * abs(penalty), 12)
             text = f"reward {name} -> {rename.builtin} ({ORIGIN}: {rename.why})"
-            edits.changes.append(m.Change("reward_funcs", False, text, rename.changes))
+            edits.changes.append(Change("reward_funcs", False, text, rename.changes))
             name = rename.builtin
         kept.append(name)
         new_weights.append(weight)
@@ -79,15 +77,15 @@ def migrate_rewards(m: Any, edits: Any, keys: dict, recipe: dict[str, Any]) -> N
         text = f"reward_funcs without {', '.join(judged)} (they need open-r1's judges)"
         if len(judged) == 1:
             text = f"reward_funcs without {judged[0]} (it {JUDGED_REWARDS[judged[0]]})"
-    m._set_value(edits, keys["reward_funcs"], kept, m.Change("reward_funcs", False, text))
+    set_value(edits, keys["reward_funcs"], kept, Change("reward_funcs", False, text))
     if new_weights == old_weights[: len(new_weights)] and len(kept) == len(names):
         return
-    change = m.Change("reward_weights", False, "reward_weights of the rewards kept")
+    change = Change("reward_weights", False, "reward_weights of the rewards kept")
     if "reward_weights" in keys:
-        m._set_value(edits, keys["reward_weights"], new_weights, change)
+        set_value(edits, keys["reward_weights"], new_weights, change)
     else:
         added = edits.after.setdefault(keys["reward_funcs"].last, [])
-        added += [f"{m.MARK} {change.text}", f"reward_weights: {m._yaml(new_weights)}"]
+        added += [f"{MARK} {change.text}", f"reward_weights: {to_yaml(new_weights)}"]
         edits.changes.append(change)
 
 
@@ -105,7 +103,7 @@ def _eval_reward(recipe: dict[str, Any]) -> str:
         weights = [1.0] * len(names)
     for name, weight in zip(names, weights, strict=True):
         built_in = _reward_name(name)
-        if isinstance(built_in, str) and _number(weight) and weight > 0:
+        if isinstance(built_in, str) and is_number(weight) and weight > 0:
             if built_in not in _PENALTIES and name not in JUDGED_REWARDS:
                 return built_in
     return "accuracy"
@@ -144,7 +142,7 @@ def _evaluating(recipe: dict[str, Any]) -> bool:
     return strategy not in (None, "no")
 
 
-def fold_evaluation(m: Any, edits: Any, keys: dict, recipe: dict[str, Any]) -> set[str]:
+def fold_evaluation(edits: Edits, keys: dict, recipe: dict[str, Any]) -> set[str]:
     """``eval_dataset_*`` and ``eval_reward_*`` -> a ``benchmarks`` entry; TRL's evaluation goes off
     (upstream evaluated only that set). The keys handled here, for migrate to skip."""
     present = [k for k in _EVAL_KEYS if k in keys]
@@ -154,7 +152,7 @@ def fold_evaluation(m: Any, edits: Any, keys: dict, recipe: dict[str, Any]) -> s
     if not recipe.get("eval_dataset_name"):
         for key in present:
             text = f"{key} (upstream: only with eval_dataset_name, which is not set)"
-            edits.comment_out(keys[key], m.Change(key, True, text))
+            edits.comment_out(keys[key], Change(key, True, text))
         return handled
     entries, suites = _benchmarks(recipe)
     cadence = "upstream evaluated every eval_steps; here each benchmark scores saved checkpoints "
@@ -170,20 +168,20 @@ def fold_evaluation(m: Any, edits: Any, keys: dict, recipe: dict[str, Any]) -> s
             )
         )
         differs = key == "eval_dataset_name" and _evaluating(recipe)
-        edits.comment_out(keys[key], m.Change(key, not entries, text, differs))
+        edits.comment_out(keys[key], Change(key, not entries, text, differs))
     if suites and entries:
         text = f"eval_dataset_name {', '.join(suites)}: upstream's named evaluation suites"
-        edits.changes.append(m.Change("eval_dataset_name", True, text, True))
+        edits.changes.append(Change("eval_dataset_name", True, text, True))
     if entries:
         existing = recipe.get("benchmarks") if "benchmarks" in keys else None
         benchmarks = [*(existing if isinstance(existing, list) else []), *entries]
-        change = m.Change("benchmarks", False, "benchmarks: upstream's evaluation set")
+        change = Change("benchmarks", False, "benchmarks: upstream's evaluation set")
         if "benchmarks" in keys:
-            m._set_value(edits, keys["benchmarks"], benchmarks, change)
+            set_value(edits, keys["benchmarks"], benchmarks, change)
         else:
             where = keys[present[-1]].last
             edits.after.setdefault(where, []).extend(
-                [f"{m.MARK} {change.text}", f"benchmarks: {m._yaml(benchmarks)}"]
+                [f"{MARK} {change.text}", f"benchmarks: {to_yaml(benchmarks)}"]
             )
             edits.changes.append(change)
         recipe["benchmarks"] = benchmarks
@@ -191,17 +189,17 @@ def fold_evaluation(m: Any, edits: Any, keys: dict, recipe: dict[str, Any]) -> s
         if key in keys and recipe.get(key) not in (None, "no"):
             why = "the evaluation set is a benchmark now, and TRL's evaluation needs a test split"
             text = f"{key}: {recipe[key]} -> eval_strategy: no ({why})"
-            m._set_value(edits, keys[key], "no", m.Change(key, False, text), "eval_strategy")
+            set_value(edits, keys[key], "no", Change(key, False, text), "eval_strategy")
             recipe[key] = "no"
             handled.add(key)
     return handled
 
 
 def _positive(value: Any) -> bool:
-    return _number(value) and value > 0
+    return is_number(value) and value > 0
 
 
-def fixed_kl(m: Any, edits: Any, keys: dict, recipe: dict[str, Any], processes: int) -> None:
+def fixed_kl(edits: Edits, keys: dict, recipe: dict[str, Any], processes: int) -> None:
     """Upstream's controller is off when kl_target or kl_horizon is 0 (a fixed beta): here a
     fixed beta is no kl_target. Its kl_horizon counted optimizer steps; here completions."""
     if "kl_target" not in keys and "kl_horizon" not in keys:
@@ -212,8 +210,8 @@ def fixed_kl(m: Any, edits: Any, keys: dict, recipe: dict[str, Any], processes: 
             if key in keys:
                 why = "a controller with kl_target or kl_horizon 0 is off: beta stays fixed; "
                 why += "here a fixed beta is no kl_target and no kl_horizon"
-                text = f"{key}: {m._yaml(recipe[key])} ({ORIGIN}: {why})"
-                edits.comment_out(keys[key], m.Change(key, False, text))
+                text = f"{key}: {to_yaml(recipe[key])} ({ORIGIN}: {why})"
+                edits.comment_out(keys[key], Change(key, False, text))
         return
     if "kl_ctl_step_size" not in keys:
         return  # kl_horizon written for this toolkit already (completions)
@@ -228,14 +226,14 @@ def fixed_kl(m: Any, edits: Any, keys: dict, recipe: dict[str, Any], processes: 
         f"completions per step ({per_process} x {steps} x {processes} processes)"
     )
     text = f"kl_horizon: {horizon} -> {new} ({ORIGIN}: {why})"
-    m._set_value(edits, keys["kl_horizon"], new, m.Change("kl_horizon", False, text))
+    set_value(edits, keys["kl_horizon"], new, Change("kl_horizon", False, text))
 
 
-def method_keys(m: Any, edits: Any, keys: dict, method: str, handled: set[str]) -> None:
+def method_keys(edits: Edits, keys: dict, method: str, handled: set[str]) -> None:
     """Keys of the other method (upstream declared every key for every trainer)."""
     accepted = set(keys_of(method))
     other = {name for other in ("grpo", "maxent") for name in keys_of(other)} - accepted
     for name, key in keys.items():
         if name in other and name not in handled:
             text = f"{name} (a key of the other method; this recipe trains method {method})"
-            edits.comment_out(key, m.Change(name, True, text))
+            edits.comment_out(key, Change(name, True, text))

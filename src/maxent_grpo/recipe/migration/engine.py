@@ -1,0 +1,209 @@
+"""`maxent-grpo migrate`: rewrite a recipe written for open-r1 / older TRL, line by line.
+
+The recipe's text is edited where its keys are (edits.py), so every comment and blank line of
+the user's stays. What to do with each key comes from the one table (this package's
+__init__.py); rules.py handles what reads several keys at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from maxent_grpo.recipe.migration import MIGRATIONS, VALUE_CHANGES, rules
+from maxent_grpo.recipe.migration.edits import (
+    MARK,
+    Change,
+    Edits,
+    Key,
+    rename_key,
+    set_value,
+    to_yaml,
+    top_level_keys,
+)
+from maxent_grpo.recipe.migration.kinds import REMOVE, Migration, ValueChange
+from maxent_grpo.recipe.migration.open_r1 import DEFAULT_CHANGES
+
+# In server mode TRL's colocate-only key would be ignored; the launcher's key sizes the server.
+SERVER_MODE_RENAMES = {"vllm_gpu_memory_utilization": "vllm_server_gpu_memory_utilization"}
+# Where an added key goes: after the first of these keys that the recipe has, else at the end.
+_ANCHORS = {
+    "vllm_mode": ("use_vllm",),
+    "dataset_prompt_column": ("dataset_mixture", "dataset_config", "dataset_name"),
+    "dataset_test_split": ("dataset_config", "dataset_name"),
+}
+
+
+def _differs(m: Migration, value: Any) -> bool:
+    return m.changes is not None and bool(m.changes(value))
+
+
+def _migrate_key(edits: Edits, key: Key, value: Any, present: set[str]) -> None:
+    m: Migration = MIGRATIONS[key.name]
+    why = f"{m.origin}: {m.why}"
+    if m.action == "fold":
+        return  # folded by its rule (_fold_evaluation, _migrate_rewards)
+    if m.action == "remove":
+        edits.comment_out(key, Change(key.name, True, f"{key.name} ({why})", _differs(m, value)))
+        return
+    if m.target in present:
+        text = f"{key.name}: {m.target} is set too ({why})"
+        edits.comment_out(key, Change(key.name, True, text))
+        return
+    present.add(m.target)
+    if m.action == "convert":
+        try:
+            converted = m.convert(value)
+        except (TypeError, ValueError) as exc:
+            text = f"{key.name}: {exc} ({why})"
+            edits.comment_out(key, Change(key.name, True, text, _differs(m, value)))
+            present.discard(m.target)
+            return
+        if converted != value:
+            text = f"{key.name}: {to_yaml(value)} -> {m.target}: {to_yaml(converted)} ({why})"
+            set_value(edits, key, converted, Change(key.name, False, text), m.target)
+            return
+    rename_key(edits, key, m.target, Change(key.name, False, f"{key.name} -> {m.target} ({why})"))
+
+
+def _change_value(edits: Edits, key: Key, recipe: dict[str, Any], rule: ValueChange) -> None:
+    old, new = recipe[key.name], rule.replace(recipe[key.name])
+    if new is REMOVE:
+        text = f"{key.name}: {to_yaml(old)} ({rule.why})"
+        edits.comment_out(key, Change(key.name, True, text, rule.changes))
+        del recipe[key.name]
+        return
+    text = f"{key.name}: {to_yaml(old)} -> {to_yaml(new)} ({rule.why})"
+    partial = isinstance(old, list) and isinstance(new, list) and len(new) < len(old)
+    set_value(edits, key, new, Change(key.name, partial, text, rule.changes))
+    recipe[key.name] = new
+
+
+def _add_defaults(edits: Edits, keys: dict[str, Key], recipe: dict[str, Any]) -> None:
+    for default in DEFAULT_CHANGES:
+        if default.key in recipe or not default.applies(recipe):
+            continue
+        anchor = next((keys[a] for a in _ANCHORS.get(default.key, ()) if a in keys), None)
+        where = anchor.last if anchor else len(edits.lines)
+        text = f"{default.key}: {to_yaml(default.value)} added ({default.why})"
+        added = edits.after.setdefault(where, [])
+        added += [f"{MARK} {text}", f"{default.key}: {to_yaml(default.value)}"]
+        edits.changes.append(Change(default.key, False, text))
+        recipe[default.key] = default.value
+
+
+def _server_mode_renames(edits: Edits, keys: dict[str, Key], recipe: dict[str, Any]) -> None:
+    if not (recipe.get("use_vllm") is True and recipe.get("vllm_mode") == "server"):
+        return
+    for old, new in SERVER_MODE_RENAMES.items():
+        if old in keys and new not in keys:
+            why = f"{old} only sizes a colocated vLLM; the launcher starts the server with {new}"
+            rename_key(edits, keys[old], new, Change(old, False, f"{old} -> {new} ({why})"))
+
+
+_METHOD_KEYS = ("objective", "train_grpo_objective", "maxent_objective_variant")
+
+
+def _converted_method(key: str, value: Any) -> str | None:
+    try:
+        return MIGRATIONS[key].convert(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _method(recipe: dict[str, Any]) -> str:
+    """The recipe's method after migration: its `method:`, else upstream's objective, else
+    train_grpo_objective: true, else maxent_objective_variant, else grpo."""
+    if recipe.get("method") in ("grpo", "maxent"):
+        return recipe["method"]
+    flag = recipe.get("train_grpo_objective")
+    candidates = (
+        _converted_method("objective", recipe["objective"]) if "objective" in recipe else None,
+        "grpo" if flag is True else None,
+        _converted_method("maxent_objective_variant", recipe["maxent_objective_variant"])
+        if "maxent_objective_variant" in recipe
+        else None,
+        "maxent" if flag is False else None,
+    )
+    return next((m for m in candidates if m), "grpo")
+
+
+def _set_method(edits: Edits, keys: dict[str, Key], recipe: dict[str, Any]) -> set[str]:
+    """Upstream's objective keys -> one `method:` line (at the first of them)."""
+    present = [k for k in _METHOD_KEYS if k in keys]
+    if not present or "method" in keys:
+        return set()
+    method = _method(recipe)
+    valid = [k for k in present if _converted_method(k, recipe[k]) is not None]
+    for key in present:
+        m, value = MIGRATIONS[key], recipe[key]
+        why = f"{m.origin}: {m.why}"
+        differs = _differs(m, value)
+        if _converted_method(key, value) is None:
+            text = f"{key}: {to_yaml(value)} has no counterpart ({why})"
+            edits.comment_out(keys[key], Change(key, True, text, differs))
+        elif key == valid[0]:
+            text = f"{key}: {to_yaml(value)} -> method: {method} ({why})"
+            set_value(edits, keys[key], method, Change(key, False, text, differs), "method")
+        else:
+            text = f"{key}: {to_yaml(value)}, read with {valid[0]} as method: {method} ({why})"
+            edits.comment_out(keys[key], Change(key, False, text, differs))
+    return set(present)
+
+
+def _maxent_beta(edits: Edits, keys: dict[str, Key], recipe: dict[str, Any]) -> None:
+    """Upstream's MaxEnt read beta as its KL weight; here MaxEnt's is init_kl_coeff."""
+    if "beta" not in keys or "init_kl_coeff" in keys or "init_kl_coef" in keys:
+        return
+    why = "upstream's MaxEnt KL weight was beta; here it is init_kl_coeff"
+    rename_key(
+        edits,
+        keys["beta"],
+        "init_kl_coeff",
+        Change("beta", False, f"beta -> init_kl_coeff ({why})"),
+    )
+
+
+def _processes(recipe: dict[str, Any], gpus: int | None) -> int:
+    """Training processes on `gpus` GPUs: the vLLM server's GPUs (server mode) do not train."""
+    if gpus is None:
+        return 1
+    server = recipe.get("use_vllm") is True and recipe.get("vllm_mode", "server") == "server"
+    tp = recipe.get("vllm_tensor_parallel_size", 1)
+    return max(gpus - (tp if server and isinstance(tp, int) else 0), 1)
+
+
+def migrate_text(
+    text: str, source: str = "recipe", gpus: int | None = None
+) -> tuple[str, list[Change]]:
+    """The migrated recipe text and its changes, one line each (see the module docstring).
+
+    gpus: the GPUs of the planned node, which size the translation of upstream's kl_horizon
+    (optimizer steps) into completions; None: per training process.
+    """
+    keys = {k.name: k for k in top_level_keys(text, source)}
+    recipe = yaml.safe_load(text) or {}
+    edits = Edits(text.splitlines())
+    handled = rules.fold_evaluation(edits, keys, recipe) | _set_method(edits, keys, recipe)
+    present = set(keys)
+    for name, key in keys.items():
+        if name in MIGRATIONS and name not in handled:
+            _migrate_key(edits, key, recipe[name], present)
+        for rule in (r for r in VALUE_CHANGES if r.key == name and r.matches(recipe[name])):
+            _change_value(edits, key, recipe, rule)
+            handled.add(name)
+    rules.migrate_rewards(edits, keys, recipe)
+    rules.fixed_kl(edits, keys, recipe, _processes(recipe, gpus))
+    method = _method(recipe)
+    if method == "maxent":
+        _maxent_beta(edits, keys, recipe)
+    rules.method_keys(edits, keys, method, handled | set(MIGRATIONS))
+    _add_defaults(edits, keys, recipe)
+    _server_mode_renames(edits, keys, recipe)
+    return edits.text(), edits.changes
+
+
+def behaviour_differences(changes: list[Change]) -> list[str]:
+    """The changes after which this run trains differently from the source's, one line each."""
+    return [change.text for change in changes if change.differs]
