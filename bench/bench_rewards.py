@@ -1,6 +1,7 @@
 """Reward throughput: completions scored per second by each built-in reward, on a realistic mix.
 
     .venv/bin/python bench/bench_rewards.py [--completions 2000] [--batch 20] [--repeats 3]
+    .venv/bin/python bench/bench_rewards.py --code-only   # the code rewards and the sandbox
 
 The mix is built from built-in dataset problems (`builtin:mixed`: arithmetic and word problems,
 exact integer answers), one fifth each of:
@@ -215,31 +216,15 @@ def bench_sandbox_cost(runs: int) -> tuple[dict, list]:
         med["sandboxed"],
         "ms",
         note=f"bare interpreter start {med['bare']:.1f} ms (python -I -B -S); the difference is "
-        "bubblewrap's namespaces, mounts and seccomp filter",
+        "bubblewrap's namespaces, mounts, seccomp filter and the pidfd kill at the end",
     )
     print_figures([fig])
     return {"ms": times, "median_ms": med}, [fig]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser(__doc__)
-    parser.add_argument("--completions", type=int, default=2000, help="completions in the mix")
-    parser.add_argument(
-        "--batch", type=int, default=20, help="completions per reward call (4 prompts x 5)"
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes per variant")
-    parser.add_argument(
-        "--code-completions", type=int, default=40, help="completions in the code rewards' mix"
-    )
-    parser.add_argument(
-        "--sandbox-runs", type=int, default=20, help="empty programs timed, bare and sandboxed"
-    )
-    args = parser.parse_args(argv)
-
+def _text_figures(args, counts) -> tuple[dict, list, list]:
     from maxent_grpo.rewards import list_reward_names
 
-    measurement = Measurement("rewards", args.output)
-    counts = build_mix(args.completions, seed=0)[3]
     print(f"reward throughput: {counts}, batches of {args.batch}", flush=True)
     names = [name for name in list_reward_names() if name not in CODE_REWARDS]
     results, figures, _ = bench_text_rewards(names, args)
@@ -256,6 +241,30 @@ def main(argv: list[str] | None = None) -> int:
         )
     ]
     print_figures(figs)
+    return results, figures, figs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--completions", type=int, default=2000, help="completions in the mix")
+    parser.add_argument(
+        "--batch", type=int, default=20, help="completions per reward call (4 prompts x 5)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per variant")
+    parser.add_argument(
+        "--code-completions", type=int, default=40, help="completions in the code rewards' mix"
+    )
+    parser.add_argument(
+        "--sandbox-runs", type=int, default=20, help="empty programs timed, bare and sandboxed"
+    )
+    parser.add_argument(
+        "--code-only", action="store_true", help="only the code rewards and the sandbox's cost"
+    )
+    args = parser.parse_args(argv)
+
+    measurement = Measurement("rewards", args.output)
+    counts = build_mix(args.completions, seed=0)[3]
+    results, figures, figs = ({}, [], []) if args.code_only else _text_figures(args, counts)
     code_results, code_figures = bench_code_rewards(args)
     sandbox_cost, sandbox_figures = bench_sandbox_cost(args.sandbox_runs)
     settings = {
