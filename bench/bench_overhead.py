@@ -1,7 +1,7 @@
 """Toolkit overhead: src/grpo.py against a bare TRL GRPOTrainer script, same everything else.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_overhead.py [--steps 40] [--warmup 5]
-        [--repeats 3 | --repeats 4,2] [--processes 1,2]
+        [--repeats 3 | --repeats 4,2] [--processes 1,2] [--diagnose]
 
 Both sides train the smoke recipe (recipes/smoke/config_grpo.yaml: the tiny Qwen2 model, the
 built-in arithmetic rows, the same prompt format, rewards, batch and seed; checkpoints every 10
@@ -23,8 +23,9 @@ ABBA over --repeats rounds, medians pooled over rounds):
 - peak RSS ratio ours/bare: peak RSS summed over the training processes.
 - accounted ratio: (bare's median step + what ours adds per step) / bare's step, with the
   additions timed inside the processes (the product's timers, maxent_grpo/timers.py, which
-  steptimer reads at exit): the stop-request callback's on_step_end
-  (a file check and an all-reduce), the reward guard around the reward functions, the
+  steptimer reads at exit): the stop-request callback (a file check; with several processes
+  an asynchronous all-reduce cast before the optimizer step, read at the step's end), the
+  step-time split (train/step_time.py), the reward guard around the reward functions, the
   heartbeat writes (step end, around each generation), the step events (events.jsonl), and
   the extra time of our checkpoint save (fsync of every file, marker, rotation) / save_steps.
   Far less exposed to other processes' load than the A/B ratios; it does not see costs
@@ -33,6 +34,9 @@ ABBA over --repeats rounds, medians pooled over rounds):
   rewritten in place), and a reward-failure metric logged at every step made TRL gather it
   across processes, one collective per reward and step (now logged only on failures);
 - checkpoint save: median duration of a save, ours - bare.
+--diagnose adds one untimed run per side and process count: the host-device synchronisations
+of each step by call site (bench/sync_counter.py; ours' extra ones are named) and each of
+ours' actions under torch.profiler (CPU ms per step), bench/steptimer.py's two modes.
 Both sides must generate exactly the same completions (checked on num_tokens).
 Target: step time ratio <= 1.03. Writes bench/results/overhead.json.
 """
@@ -68,8 +72,8 @@ from benchlib import (
 TARGET_RATIO = 1.03
 
 
-def run_once(side: str, processes: int, recipe: Path, workdir: Path, tag: str) -> dict:
-    """One training run under the step timer; returns its per-rank records."""
+def run_once(side: str, processes: int, recipe: Path, workdir: Path, tag: str, **env: str) -> dict:
+    """One training run under the step timer (env: its diagnostic modes); its records."""
     out = workdir / f"out-{tag}"
     timer_dir = workdir / f"timer-{tag}"
     planned = planned_training(recipe, processes, ["--output_dir", str(out)])
@@ -81,7 +85,7 @@ def run_once(side: str, processes: int, recipe: Path, workdir: Path, tag: str) -
         proc = subprocess.run(
             cmd,
             cwd=REPO,
-            env=child_env(**planned.env, STEPTIMER_OUT=str(timer_dir)),
+            env=child_env(**planned.env, STEPTIMER_OUT=str(timer_dir), **env),
             stdout=handle,
             stderr=subprocess.STDOUT,
             timeout=900,
@@ -115,11 +119,14 @@ def steady(record: dict, warmup: int) -> dict:
         "wall_step_s": [b[1] - a[1] for a, b in pairs],
         # The product's own timers (maxent_grpo/timers.py): what ours adds, part by part.
         "save_s": timers.get("checkpoint_save", {}).get("recent_s", []),
-        "stop_callback_s": timers.get("stop_callback", {}).get("recent_s", []),
+        # Several processes vote before the optimizer step and read at the step's end: two
+        # calls a step; a per-step figure either way.
+        "stop_callback_s": [total("stop_callback") / steps],
         "guard_per_step_s": [(total("reward_guard") - total("reward_func")) / steps],
         # Every beat (step end, around each generation, saves): a per-step figure.
         "heartbeat_per_step_s": [total("heartbeat") / steps],
         "step_events_per_step_s": [total("step_events") / steps],
+        "step_time_split_per_step_s": [total("step_time_split") / steps],
         "cpu_step_s": [b[2] - a[2] for a, b in pairs],
         "peak_rss_mib": sum(record["peak_rss_kib"]) / 1024,
         "train_begin_s": rank0["train_begin"],
@@ -170,6 +177,7 @@ def compare(processes: int, repeats: int, warmup: int, recipe: Path, workdir: Pa
         "reward_guard_s": median(pooled("ours", "guard_per_step_s")) or 0.0,
         "heartbeats_s": median(pooled("ours", "heartbeat_per_step_s")) or 0.0,
         "step_events_s": median(pooled("ours", "step_events_per_step_s")) or 0.0,
+        "step_time_split_s": median(pooled("ours", "step_time_split_per_step_s")) or 0.0,
         "checkpoint_save_s": summary["checkpoint_save_s"]["extra"] / save_steps,
     }
     base = summary["wall_step_s"]["median"]["bare"]
@@ -188,6 +196,68 @@ def compare(processes: int, repeats: int, warmup: int, recipe: Path, workdir: Pa
     tokens = {json.dumps(r["num_tokens"]) for side in runs for r in runs[side]}
     summary["same_completions"] = len(tokens) == 1
     return summary
+
+
+# Ours' per-step actions, as the product times them (maxent_grpo/timers.py): profiled by name.
+ACTIONS = ("stop_callback", "heartbeat", "step_events", "step_time_split", "reward_guard")
+PROFILED_STEPS = 4
+
+
+def sync_sites(syncs: list, warmup: int) -> dict:
+    """Median host-device synchronisations per step, in all and by call site."""
+    steps = [counts for step, counts in syncs if step > warmup]
+    sites = {site for counts in steps for site in counts}
+    by_site = {site: median([c.get(site, 0) for c in steps]) for site in sites}
+    return {
+        "per_step": median([sum(c.values()) for c in steps]),
+        "sites": {site: n for site, n in sorted(by_site.items()) if n},
+    }
+
+
+def diagnose(processes: int, warmup: int, recipe: Path, workdir: Path) -> dict:
+    """One untimed run per side: the syncs of each step by site (bench/sync_counter.py) and
+    torch.profiler's CPU time of each of ours' actions (the stack walks of the sync counter
+    are inside the profiled steps: a few microseconds per sync)."""
+    first, last = warmup + 1, warmup + PROFILED_STEPS
+    found = {}
+    for side in ("ours", "bare"):
+        tag = f"{side}-{processes}p-diagnosis"
+        modes = {"STEPTIMER_SYNCS": "1", "STEPTIMER_PROFILE": f"{first},{last}"}
+        rank0 = run_once(side, processes, recipe, workdir, tag, **modes)["rank0"]
+        ranges = rank0.get("profile", {}).get("ranges", {})
+        found[side] = {
+            "syncs_mode": rank0.get("syncs_mode"),
+            "syncs": sync_sites(rank0["syncs"], warmup),
+            "profile_ms_per_step": {k: v["cpu_ms_per_step"] for k, v in sorted(ranges.items())},
+        }
+    ours, bare = found["ours"]["syncs"]["sites"], found["bare"]["syncs"]["sites"]
+    found["syncs_only_ours"] = {
+        site: n - bare.get(site, 0) for site, n in ours.items() if n != bare.get(site, 0)
+    }
+    return found
+
+
+def diagnosis_figures(processes: int, found: dict) -> list[dict]:
+    ours, bare = found["ours"], found["bare"]
+    extra = ours["syncs"]["per_step"] - bare["syncs"]["per_step"]
+    sites = "; ".join(f"{n:+g} {site}" for site, n in found["syncs_only_ours"].items())
+    profile = ours["profile_ms_per_step"]
+    actions = ", ".join(f"{a} {profile.get(f'timer:{a}', 0.0):.3f} ms" for a in ACTIONS)
+    return [
+        figure(
+            f"overhead {processes}p: host-device syncs per step, ours - bare",
+            extra,
+            "syncs",
+            note=f"ours {ours['syncs']['per_step']:g}, bare {bare['syncs']['per_step']:g} "
+            f"({ours['syncs_mode']}); ours only: {sites or 'none'}",
+        ),
+        figure(
+            f"overhead {processes}p: ours' actions under torch.profiler (CPU ms per step)",
+            sum(profile.get(f"timer:{a}", 0.0) for a in ACTIONS),
+            "ms",
+            note=actions + " (reward_guard includes the reward functions)",
+        ),
+    ]
 
 
 def figures_for(s: dict) -> list[dict]:
@@ -237,7 +307,8 @@ def figures_for(s: dict) -> list[dict]:
             f"ms step: stop callback {1e3 * parts['stop_callback_s']:.2f} ms, reward guard "
             f"{1e3 * parts['reward_guard_s']:.3f} ms, heartbeats "
             f"{1e3 * parts['heartbeats_s']:.3f} ms, step events "
-            f"{1e3 * parts['step_events_s']:.3f} ms, checkpoint save "
+            f"{1e3 * parts['step_events_s']:.3f} ms, step-time split "
+            f"{1e3 * parts['step_time_split_s']:.3f} ms, checkpoint save "
             f"{1e3 * parts['checkpoint_save_s']:.2f} ms per step (save_steps "
             f"{acc['save_steps']})",
         ),
@@ -269,9 +340,15 @@ def main(argv: list[str] | None = None) -> int:
         help="rounds (one run per side each); one number, or one per --processes entry (4,2)",
     )
     parser.add_argument("--processes", default="1,2", help="process counts, e.g. 1,2")
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="one more (untimed) run per side: syncs per step by site and ours' actions "
+        "under torch.profiler",
+    )
     args = parser.parse_args(argv)
-    if args.steps <= args.warmup + 1:
-        parser.error("--steps must exceed --warmup + 1")
+    if args.steps <= args.warmup + max(1, PROFILED_STEPS if args.diagnose else 1):
+        parser.error(f"--steps must exceed --warmup + 1 (--diagnose: + {PROFILED_STEPS})")
 
     from maxent_grpo.tiny_model import build_tiny_model
 
@@ -295,9 +372,13 @@ def main(argv: list[str] | None = None) -> int:
         for processes, rounds in zip(counts, repeats):
             print(f"toolkit overhead, {processes} process(es): src/grpo.py vs bare TRL", flush=True)
             summary = compare(processes, rounds, args.warmup, recipe, workdir)
+            new = figures_for(summary)
+            if args.diagnose:
+                summary["diagnosis"] = diagnose(processes, args.warmup, recipe, workdir)
+                new += diagnosis_figures(processes, summary["diagnosis"])
             summaries.append(summary)
-            figures += figures_for(summary)
-            print_figures(figures_for(summary))
+            figures += new
+            print_figures(new)
     settings = {
         "recipe": "recipes/smoke/config_grpo.yaml",
         "steps": args.steps,

@@ -12,6 +12,15 @@ guard) is what the product records in its own timers (maxent_grpo/timers.py); th
 times its saves into the same timer. Nothing of ours is wrapped here.
 At exit, each process writes $STEPTIMER_OUT/rank<RANK>.json with all of it and its peak RSS
 (getrusage ru_maxrss).
+
+Two diagnostic modes (their runs are not for timing):
+- STEPTIMER_SYNCS=1: the host-device synchronisations of each step, by call site
+  (bench/sync_counter.py), in the record's "syncs": [[step, {site: count}], ...].
+- STEPTIMER_PROFILE=FIRST,LAST: torch.profiler over steps FIRST..LAST (CUDA too on a GPU), with
+  every block the product times (maxent_grpo/timers.py) marked as a range `timer:<name>`: the
+  record's "profile" holds each range's calls and CPU (and CUDA) milliseconds, and the ops that
+  synchronise (aten::_local_scalar_dense: `.item()`; cudaStreamSynchronize, ...); the trace
+  is written beside it (trace-rank<RANK>.json, for chrome://tracing or Perfetto).
 """
 
 from __future__ import annotations
@@ -27,6 +36,9 @@ from pathlib import Path
 
 _START = time.monotonic()
 _RECORD: dict = {"step_end": [], "logs": [], "train_begin": None, "timers": {}}
+_BENCH = os.path.dirname(os.path.abspath(__file__))
+# Ops that make the host wait for the device (CPU: the calls that would on a GPU).
+SYNC_OPS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize")
 
 
 def _write() -> None:
@@ -44,18 +56,104 @@ def _write() -> None:
     path.write_text(json.dumps(_RECORD))
 
 
+def _threads() -> dict:
+    """Python threads by name, and the process's threads of any kind (OpenMP, gloo, ...)."""
+    import threading
+
+    try:
+        native = len(os.listdir("/proc/self/task"))
+    except OSError:
+        native = None
+    return {"python": sorted(t.name for t in threading.enumerate()), "all": native}
+
+
+def _sync_counter():
+    if os.environ.get("STEPTIMER_SYNCS") != "1":
+        return None
+    sys.path.insert(0, _BENCH)
+    from sync_counter import SyncCounter
+
+    _RECORD["syncs"] = []
+    return SyncCounter()
+
+
+class _Profile:
+    """torch.profiler over the steps FIRST..LAST of STEPTIMER_PROFILE: from the end of step
+    FIRST - 1 to the end of step LAST (as the step stamps: each step with its callbacks)."""
+
+    def __init__(self, spec: str):
+        self.first, self.last = (int(x) for x in spec.split(","))
+        if not 2 <= self.first <= self.last:
+            sys.exit(f"STEPTIMER_PROFILE={spec}: want FIRST,LAST with 2 <= FIRST <= LAST")
+        self.profiler = None
+
+    def step_end(self, step: int) -> None:
+        if step == self.first - 1:
+            self._start()
+        elif step == self.last and self.profiler is not None:
+            self._stop()
+
+    def _start(self) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        from maxent_grpo import timers
+
+        timers.label_blocks(lambda name: record_function(f"timer:{name}"))
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self.profiler = profile(activities=activities)
+        self.profiler.start()
+
+    def _stop(self) -> None:
+        from maxent_grpo import timers
+
+        self.profiler.stop()
+        timers.label_blocks(None)
+        steps = self.last - self.first + 1
+        ranges = {}
+        for event in self.profiler.key_averages():
+            if event.key.startswith("timer:") or event.key in SYNC_OPS:
+                ranges[event.key] = {
+                    "calls_per_step": event.count / steps,
+                    "cpu_ms_per_step": event.cpu_time_total / 1e3 / steps,
+                    "device_ms_per_step": getattr(event, "device_time_total", 0.0) / 1e3 / steps,
+                }
+        _RECORD["profile"] = {"steps": [self.first, self.last], "ranges": ranges}
+        out = os.environ.get("STEPTIMER_OUT")
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            rank = os.environ.get("RANK", "0")
+            self.profiler.export_chrome_trace(str(Path(out) / f"trace-rank{rank}.json"))
+
+
 def _install() -> None:
     import transformers
     from transformers import TrainerCallback
 
+    counter = _sync_counter()
+    spec = os.environ.get("STEPTIMER_PROFILE")
+    profile = _Profile(spec) if spec else None
+
     class StepTimer(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             _RECORD["train_begin"] = time.monotonic() - _START
+            if counter is not None:  # from here: the trainer is built, its device set
+                _RECORD["syncs_mode"] = counter.install()
 
         def on_step_end(self, args, state, control, **kwargs):
+            if not _RECORD["step_end"]:  # what shares this process's time with the steps
+                _RECORD["threads"] = _threads()
             _RECORD["step_end"].append(
                 [state.global_step, time.monotonic() - _START, time.process_time()]
             )
+            if profile is not None:
+                profile.step_end(state.global_step)
+            if counter is not None:
+                # Logging (TRL's .item() of the loss) comes after on_step_end: counted in the
+                # next step, on both sides alike.
+                _RECORD["syncs"].append([state.global_step, counter.take()])
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = logs or {}

@@ -27,6 +27,7 @@ TRAINER_TIMERS = {
     "step_events",
     "reward_guard",
     "reward_func",
+    "step_time_split",
 }
 PREPARE_TIMERS = {
     "prepare: read_recipe",
@@ -65,12 +66,14 @@ def test_overhead_reads_the_product_timers_of_a_training_run(tmp_path, tiny_mode
     # bench_overhead's per-process record: bench/steptimer.py around src/grpo.py (2 steps, a
     # checkpoint at step 2), then the same summary the benchmark makes of it.
     recipe = small_recipe(tmp_path, tiny_model, max_steps=2, save_steps=2)
+    # With both diagnostic modes: the syncs of each step and a profile of step 2.
     timers_dir = tmp_path / "timers"
     command = [str(BENCH / "steptimer.py"), str(REPO / "src" / "grpo.py"), "--config", str(recipe)]
+    modes = {"STEPTIMER_SYNCS": "1", "STEPTIMER_PROFILE": "2,2"}
     result = subprocess.run(
         [PYTHON, *command],
         cwd=REPO,
-        env=child_env(STEPTIMER_OUT=str(timers_dir)),
+        env=child_env(STEPTIMER_OUT=str(timers_dir), **modes),
         capture_output=True,
         text=True,
         timeout=300,
@@ -83,9 +86,21 @@ def test_overhead_reads_the_product_timers_of_a_training_run(tmp_path, tiny_mode
         {"wall_s": 1.0, "rank0": rank0, "peak_rss_kib": [rank0["peak_rss_kib"]]}, warmup=0
     )
     assert len(summary["save_s"]) == 1 and summary["save_s"][0] > 0
-    assert len(summary["stop_callback_s"]) == 2
+    assert summary["stop_callback_s"][0] > 0  # per step: 1 call alone, 2 with several
     assert summary["heartbeat_per_step_s"][0] > 0 and summary["step_events_per_step_s"][0] > 0
     assert summary["guard_per_step_s"][0] >= 0
+
+    # Syncs by site: TRL's generation and the trainer's logging have some in every step; one
+    # process of ours adds none (its stop check reads a file).
+    syncs = bench("bench_overhead").sync_sites(rank0["syncs"], warmup=0)
+    owners = {site.split("/")[0] for site in syncs["sites"]}
+    assert syncs["per_step"] > 10 and {"trl", "transformers"} <= owners, syncs
+    assert "maxent_grpo" not in owners, syncs
+    # The profile of step 2 sees ours' actions by their timers' names.
+    ranges = rank0["profile"]["ranges"]
+    for action in ("stop_callback", "heartbeat", "step_events", "step_time_split"):
+        assert ranges[f"timer:{action}"]["calls_per_step"] >= 1, ranges.keys()
+    assert (timers_dir / "trace-rank0.json").is_file()
 
 
 def test_launcher_phases_come_from_prepare_s_own_timers(tmp_path, tiny_model):
@@ -136,3 +151,27 @@ def test_a_timer_counts_every_call_raising_ones_too_and_keeps_the_recent_ones(mo
     assert record["total_s"] >= sum(record["recent_s"]) >= 0
     timers.reset()
     assert timers.timings() == {}
+
+
+def test_timed_blocks_run_inside_the_label_factory_while_one_is_set():
+    from contextlib import contextmanager
+
+    from maxent_grpo import timers
+
+    seen = []
+
+    @contextmanager
+    def label(name):
+        seen.append(f"enter {name}")
+        yield
+        seen.append(f"exit {name}")
+
+    timers.label_blocks(label)
+    try:
+        with timers.timed("a"):
+            seen.append("body")
+    finally:
+        timers.label_blocks(None)
+    with timers.timed("b"):
+        pass
+    assert seen == ["enter a", "body", "exit a"]

@@ -19,8 +19,10 @@ from maxent_grpo.recipe.needs import uses_wandb
 from maxent_grpo.rundir.checkpoints import clear_stop_request, last_complete_checkpoint
 from maxent_grpo.train.wandb_run import (
     RUN_ID_FILE,
+    STEP_FILE,
     export_wandb_run,
     persistent_run_id,
+    record_step,
     recorded_step,
 )
 
@@ -30,6 +32,17 @@ GRPO = str(REPO / "src" / "grpo.py")
 class Args:
     def __init__(self, output_dir, report_to):
         self.output_dir, self.report_to = str(output_dir), report_to
+
+
+def test_the_recorded_step_is_the_last_one_written_a_shorter_one_too(tmp_path):
+    assert recorded_step(tmp_path) is None
+    (tmp_path / STEP_FILE).write_text("3\n")  # written by an earlier version
+    for step in (12345, 7, 2**40):
+        record_step(tmp_path, step)
+        assert recorded_step(tmp_path) == step
+    record_step(tmp_path, 8)
+    assert recorded_step(tmp_path) == 8
+    assert [p.name for p in tmp_path.iterdir()] == [STEP_FILE]  # in place: no temporary file
 
 
 def test_run_id_is_created_once_and_then_read(tmp_path):

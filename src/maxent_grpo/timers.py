@@ -9,14 +9,16 @@ bench/ reads them in the process it measures (bench/steptimer.py at exit, bench/
 launcher_phases.py after prepare()) instead of wrapping our functions, so a renamed function
 keeps its figure and tests/test_bench_quick.py fails when a timer is no longer recorded.
 Cost: two clock reads and an append per call; memory is bounded (the last RECENT calls).
+A profiler can have every block marked on its timeline: `label_blocks(record_function)`
+(bench/steptimer.py does, under STEPTIMER_PROFILE); unset, it costs one test per call.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 RECENT = 1024  # calls kept per timer, for medians; the count and total cover every call
@@ -35,6 +37,14 @@ class _Timer:
 
 
 _TIMERS: dict[str, _Timer] = {}
+_LABEL: Callable[[str], AbstractContextManager] | None = None
+
+
+def label_blocks(factory: Callable[[str], AbstractContextManager] | None) -> None:
+    """Also run every timed block inside `factory(name)` (e.g. a profiler's named range);
+    None: no more."""
+    global _LABEL
+    _LABEL = factory
 
 
 @contextmanager
@@ -42,7 +52,11 @@ def timed(name: str) -> Iterator[None]:
     """Add the time the block takes (also when it raises) to the timer `name`."""
     start = time.perf_counter()
     try:
-        yield
+        if _LABEL is None:
+            yield
+        else:
+            with _LABEL(name):
+                yield
     finally:
         _TIMERS.setdefault(name, _Timer()).add(time.perf_counter() - start)
 
