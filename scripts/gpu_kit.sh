@@ -16,10 +16,13 @@
 # puts it and src/ on PYTHONPATH, and runs each step (bench/gpu_kit/kit.py) under its own
 # `timeout`; a step that fails or runs out of time does not stop the others. Everything is
 # offline: the model (the Qwen2.5-0.5B shape, random weights; the tiny model with --cpu) and
-# its tokenizer are built locally. GPU_KIT_BUDGET_S bounds the whole run (default 390 s on
-# GPU: two runs fit a 15-minute device loan); GPU_KIT_PYTHON picks the interpreter (default:
-# python3 on GPU, .venv/bin/python with --cpu); GPU_KIT_STEPS="oom zero2" runs only those
-# steps (and the model's); GPU_KIT_KEEP=1 keeps the work folder (models, logs, checkpoints).
+# its tokenizer are built locally. An untimed warm-up run comes first; each later step's
+# bound follows from its work at the warm-up's cost (kit.py cap). GPU_KIT_BUDGET_S bounds the
+# whole run (default 480 s on GPU: one 10-minute device call with room to spare);
+# GPU_KIT_TIMED_STEPS sets the timed steps per side of ours against bare TRL (default 30);
+# GPU_KIT_PYTHON picks the interpreter (default: python3 on GPU, .venv/bin/python with --cpu);
+# GPU_KIT_STEPS="oom zero2" runs only those steps (and the model's and the warm-up's);
+# GPU_KIT_KEEP=1 keeps the work folder (models, logs, checkpoints).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -87,17 +90,19 @@ since() {
     awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'
 }
 
-# One step under its own time bound; its exit code and seconds go to WORK/steps/NAME.rc.
+# One step under its own time bound (kit.py cap: its work at the warm-up's cost, within the
+# budget left); its exit code, seconds and bound go to WORK/steps/NAME.rc.
 run_step() {
-    local name="$1" cap="$2" left rc=0 t0
+    local name="$1" cap left rc=0 t0
     left=$((BUDGET - ($(date +%s) - START) - 15)) # 15 s kept for the report
     mkdir -p "$WORK/steps"
     if ((left < 10)); then
         echo "skipped 0 out of the kit's time budget (${BUDGET} s)" >"$WORK/steps/$name.rc"
         return
     fi
+    cap=$("$PY" bench/gpu_kit/kit.py cap "$name" --work "$WORK" --mode "$MODE") || cap=$left
     ((cap < left)) || cap=$left
-    echo "=== step $name (at most ${cap} s; $(($(date +%s) - START)) s since start)"
+    echo "=== step $name (at most ${cap} s of ${left} s left; $(($(date +%s) - START)) s since start)"
     t0=$(date +%s.%N)
     timeout -k 15 "$cap" "$PY" bench/gpu_kit/kit.py step "$name" --work "$WORK" --mode "$MODE" ||
         rc=$?
@@ -119,13 +124,16 @@ run() {
     out="$(cd "$out" && pwd)"
     MODE=gpu
     PY="${GPU_KIT_PYTHON:-python3}"
-    BUDGET="${GPU_KIT_BUDGET_S:-390}"
+    BUDGET="${GPU_KIT_BUDGET_S:-480}"
     if ((cpu)); then
         MODE=cpu
         PY="${GPU_KIT_PYTHON:-$ROOT/.venv/bin/python}"
         BUDGET="${GPU_KIT_BUDGET_S:-600}"
     fi
     PY="$(command -v "$PY")"
+    [[ "$BUDGET" =~ ^[0-9]+$ ]] || die "GPU_KIT_BUDGET_S=$BUDGET: give whole seconds (e.g. 480)"
+    [[ "${GPU_KIT_TIMED_STEPS:-30}" =~ ^[0-9]+$ && "${GPU_KIT_TIMED_STEPS:-30}" -ge 2 ]] ||
+        die "GPU_KIT_TIMED_STEPS=$GPU_KIT_TIMED_STEPS: give a whole number of steps, 2 or more"
     START=$(date +%s)
     WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu-kit.XXXXXX")"
     export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -163,19 +171,15 @@ run() {
     fi
 
     # Most telling first: a step the budget cannot fit any more is the least missed.
-    local caps
-    if [[ $MODE == gpu ]]; then
-        caps="model:60 overhead:150 signal:120 oom:60 maxent:60 checkpointing:45 zero2:75"
-    else
-        caps="model:60 overhead:150 signal:150 oom:10 maxent:60 checkpointing:60 zero2:10"
-    fi
-    for entry in $caps; do
-        # GPU_KIT_STEPS="oom zero2": only those (a rerun of what failed); the model always.
-        if [[ -n "${GPU_KIT_STEPS:-}" && "${entry%%:*}" != model &&
-            " $GPU_KIT_STEPS " != *" ${entry%%:*} "* ]]; then
+    local name
+    for name in model warmup overhead signal oom maxent checkpointing zero2; do
+        # GPU_KIT_STEPS="oom zero2": only those (a rerun of what failed); the model and the
+        # warm-up always (the warm-up's cost sets the others' bounds).
+        if [[ -n "${GPU_KIT_STEPS:-}" && $name != model && $name != warmup &&
+            " $GPU_KIT_STEPS " != *" $name "* ]]; then
             continue
         fi
-        run_step "${entry%%:*}" "${entry##*:}"
+        run_step "$name"
     done
     rc=0
     "$PY" bench/gpu_kit/kit.py report --work "$WORK" --mode "$MODE" --out "$out" \

@@ -2,7 +2,7 @@
 
 Reads what the steps left in the work folder (bench/gpu_kit/kit.py): W/steps/NAME.rc
 ("EXIT SECONDS CAP [note]" from gpu_kit.sh, or "skipped ..." when the budget ran out) and
-W/results/NAME.json.
+W/results/NAME.json (a step that ran out of time leaves what it measured before).
 """
 
 from __future__ import annotations
@@ -11,8 +11,19 @@ import json
 import time
 from pathlib import Path
 
-ORDER = ("install", "model", "overhead", "signal", "oom", "maxent", "checkpointing", "zero2")
+ORDER = (
+    "install",
+    "model",
+    "warmup",
+    "overhead",
+    "signal",
+    "oom",
+    "maxent",
+    "checkpointing",
+    "zero2",
+)
 TIMED_OUT = (124, 137)
+SIDES = {"bare": "bare TRL", "module": "ours: python -m maxent_grpo.train"}
 
 
 def read_steps(work: Path) -> dict:
@@ -32,77 +43,125 @@ def read_steps(work: Path) -> dict:
             continue
         code, seconds, cap = int(words[0]), float(words[1]), words[2]
         entry = {"exit": code, "seconds": round(seconds, 1), "cap_s": cap, "result": result}
-        if name == "install":
-            entry["status"] = "ok" if code == 0 else "failed"
-            entry["detail"] = " ".join(words[3:])
-        elif "skipped" in result:
-            entry["status"], entry["detail"] = "skipped", result["skipped"]
-        elif code in TIMED_OUT:
-            entry["status"] = "timed out"
-            entry["detail"] = f"stopped at its bound of {cap} s"
-        elif code == 0 and result.get("ok"):
-            entry["status"], entry["detail"] = "ok", summary(name, result)
-        else:
-            entry["status"] = "failed"
-            entry["detail"] = result.get("error") or f"exit {code}, no result written"
+        entry["status"], entry["detail"] = status(name, code, cap, words[3:], result)
         steps[name] = entry
     return steps
+
+
+def status(name: str, code: int, cap: str, note: list[str], result: dict) -> tuple[str, str]:
+    if name == "install":
+        return ("ok" if code == 0 else "failed"), " ".join(note)
+    if "skipped" in result:
+        return "skipped", result["skipped"]
+    if code in TIMED_OUT:
+        measured = partial_summary(name, result)
+        measured = f"; {measured}" if measured else ""
+        return "timed out", f"stopped at its bound of {cap} s{measured}"
+    if code == 0 and result.get("ok"):
+        return "ok", summary(name, result)
+    return "failed", result.get("error") or f"exit {code}, no result written"
 
 
 def _x(value) -> str:
     return "n/a" if value is None else f"{value:.3f}x"
 
 
+def partial_summary(name: str, r: dict) -> str:
+    if name != "overhead" or not r.get("runs"):
+        return ""
+    done = f"{len(r['runs'])} of 4 runs done"
+    return f"{done}: {summary(name, r)}" if "ratios" in r else done
+
+
 def summary(name: str, r: dict) -> str:
     """One line of figures per step, for the first table."""
     if name == "model":
         return f"{r['layers']} layers, hidden {r['hidden']}, vocab {r['vocab']} (random weights)"
+    if name == "warmup":
+        return (
+            f"untimed run of ours ({r['run']['steps']} steps): {r['fixed_s']} s outside its "
+            f"steps, {r['step_s']} s a step; the later steps' bounds follow from these"
+        )
     if name == "overhead":
-        parts = [
-            f"{side}: step time {_x(q['step_time'])}, tokens/s {_x(q['completion_tokens_per_s'])},"
-            f" memory {_x(q['peak_memory'])}"
-            for side, q in r["ratios"].items()
-        ]
-        return "ours/bare " + "; ".join(parts)
+        q, n = r["ratios"], [s["timed_steps"] for s in r["sides"].values()]
+        return (
+            f"ours/bare over {min(n)} timed steps a side (ABBA): median step "
+            f"{_x(q['step_time'])}, minimum step {_x(q['step_time_min'])}, tokens/s "
+            f"{_x(q['completion_tokens_per_s'])}, memory {_x(q['peak_memory'])}; by round "
+            + ", ".join(_x(x) for x in r["round_ratios"])
+        )
     if name == "signal":
         stop = r["stop"]
         return (
             f"SIGUSR1 after step {stop['signal_after_step']}: exit {stop['exit']}, "
-            f"{stop['checkpoint']} complete; resumed; final weights equal to an uninterrupted "
-            f"run's: {str(r['weights_equal']).lower()} (max abs diff {r['max_abs_diff']})"
+            f"{stop['checkpoint']} complete; resumed at step {r['resumed_steps'][0]}; final "
+            f"weights equal to an uninterrupted run's: {str(r['weights_equal']).lower()} (max "
+            f"abs diff {r['max_abs_diff']}), which moved by {r['moved']:.3g} from the model's"
         )
     if name == "oom":
         return f"outcome {r['outcome']}, {r['attempts']} attempt, exit {r['exit']}: {r['reason']}"
     q = r["ratios"]
     label = {"maxent": "MaxEnt/GRPO", "checkpointing": "on/off", "zero2": "ZeRO-2/plain"}[name]
-    return f"{label}: step time {_x(q['step_time'])}, memory {_x(q['peak_memory'])}"
+    return (
+        f"{label}: step time {_x(q['step_time'])} (minimum {_x(q['step_time_min'])}), "
+        f"memory {_x(q['peak_memory'])}"
+    )
 
 
-def run_rows(steps: dict, mode: str) -> list[tuple[str, dict]]:
+def run_rows(steps: dict) -> list[tuple[str, dict]]:
     """Every training run the steps made, labelled."""
     rows = []
-    picks = {
-        "overhead": [("bare", "bare TRL"), ("module", "ours: python -m maxent_grpo.train")]
-        + [("training.sh", "ours: bash training.sh")],
-        "maxent": [("maxent", "MaxEnt-GRPO (python -m)")],
-        "checkpointing": [("on", "gradient checkpointing on (python -m)")],
-        "zero2": [("zero2", "DeepSpeed ZeRO-2 (training.sh)")],
-    }
-    for name, pairs in picks.items():
-        if name not in steps:
-            continue
-        result = steps[name]["result"]
-        runs = result.get("runs", result)
-        for key, label in pairs:
-            if isinstance(runs.get(key), dict):
-                rows.append((label, runs[key]))
-    return rows
+    for name, key, label in (
+        ("warmup", "run", "warm-up: ours, untimed"),
+        ("maxent", "maxent", "MaxEnt-GRPO (python -m)"),
+        ("checkpointing", "on", "gradient checkpointing on (python -m)"),
+        ("zero2", "zero2", "DeepSpeed ZeRO-2 (training.sh)"),
+    ):
+        run = steps.get(name, {}).get("result", {}).get(key)
+        if isinstance(run, dict):
+            rows.append((label, run))
+    runs = steps.get("overhead", {}).get("result", {}).get("runs", [])
+    abba = [(f"{SIDES[r['side']]}, run {i}", r) for i, r in enumerate(runs, 1)]
+    return rows[:1] + abba + rows[1:]
+
+
+def _min_grad(run: dict) -> str:
+    norms = [g for g in run.get("grad_norms", []) if g is not None]
+    return "missing" if not norms else f"{min(norms):.3g}"
+
+
+def abba_table(result: dict, memory: str, key: str) -> list[str]:
+    sides = result.get("sides", {})
+    if not sides:
+        return []
+    lines = [
+        "",
+        "## Ours against bare TRL",
+        "",
+        f"After the warm-up, in the order {', '.join(result['order'])} (ABBA); each run's "
+        "first steps left out. Ratios are ours/bare.",
+        "",
+        f"| side | runs | timed steps | median step (s) | minimum step (s) | tokens/s | {memory} |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for side, s in sides.items():
+        lines.append(
+            f"| {SIDES[side]} | {s['runs']} | {s['timed_steps']} | {s['step_time_s']} | "
+            f"{s['step_time_min_s']} | {s['completion_tokens_per_s']} | {s.get(key)} |"
+        )
+    if "ratios" in result:
+        q = result["ratios"]
+        lines.append(
+            f"| ours/bare | | | {_x(q['step_time'])} | {_x(q['step_time_min'])} | "
+            f"{_x(q['completion_tokens_per_s'])} | {_x(q['peak_memory'])} |"
+        )
+    return lines
 
 
 def markdown(steps: dict, mode: str, total: float, conflicts: list[str] = ()) -> str:
     model = steps["model"]["result"]
     device = model.get("device", "unknown (the model step failed)")
-    memory = "peak GPU memory (MiB, max_memory_allocated)" if mode == "gpu" else "peak RSS (MiB)"
+    memory = "peak GPU memory (MiB)" if mode == "gpu" else "peak RSS (MiB)"
     key = "peak_gpu_mib" if mode == "gpu" else "peak_rss_mib"
     lines = [
         f"# GPU proof kit: {device}",
@@ -121,24 +180,28 @@ def markdown(steps: dict, mode: str, total: float, conflicts: list[str] = ()) ->
         s = steps[name]
         detail = s["detail"].replace("|", "/")
         lines.append(f"| {name} | {s['status']} | {s['seconds']:.0f} | {detail} |")
+    lines += abba_table(steps["overhead"]["result"], memory, key)
     lines += [
         "",
         "## Training runs (1 process, same recipe file, seed and data)",
         "",
-        f"| run | step time (s, median) | completion tokens/s | {memory} | whole run (s) |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        f"| run | steps | median step (s) | minimum step (s) | tokens/s | {memory} | "
+        "smallest grad_norm | whole run (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for label, run in run_rows(steps, mode):
+    for label, run in run_rows(steps):
         lines.append(
-            f"| {label} | {run['step_time_s']} | {run['completion_tokens_per_s']} | "
-            f"{run.get(key)} | {run['wall_s']} |"
+            f"| {label} | {run['steps']} | {run['step_time_s']} | {run['step_time_min_s']} | "
+            f"{run['completion_tokens_per_s']} | {run.get(key)} | {_min_grad(run)} | "
+            f"{run['wall_s']} |"
         )
-    lines += ["", "## Where the time went", "", "| step | seconds | per training step (s) |"]
-    lines.append("| --- | ---: | --- |")
+    lines += ["", "## Where the time went", "", "| step | seconds | bound (s) | step times (s) |"]
+    lines.append("| --- | ---: | ---: | --- |")
     for name in ORDER:
-        runs = [run for _, run in run_rows({name: steps[name]}, mode)]
+        runs = [run for _, run in run_rows({name: steps[name]})]
         per_step = "; ".join(" ".join(f"{t:g}" for t in r["step_times_s"]) for r in runs)
-        lines.append(f"| {name} | {steps[name]['seconds']:.0f} | {per_step} |")
+        cap = steps[name].get("cap_s", "")
+        lines.append(f"| {name} | {steps[name]['seconds']:.0f} | {cap} | {per_step} |")
     return "\n".join(lines) + "\n"
 
 

@@ -27,7 +27,7 @@ _OUT = os.environ.get("GPU_KIT_PROBE_OUT")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _START = time.monotonic()
 _RECORD: dict = {"step_end": [], "logs": [], "train_begin_s": None}
-_KEEP = ("step_time", "num_tokens", "completions/mean_length", "loss", "reward")
+_KEEP = ("step_time", "num_tokens", "completions/mean_length", "loss", "grad_norm", "reward")
 
 
 def _write() -> None:
