@@ -10,7 +10,8 @@ from helpers.paths import REPO
 pytest_plugins = ["pytester"]
 
 
-def test_a_test_that_leaves_a_run_log_in_the_checkout_fails(pytester):
+def test_a_test_that_leaves_a_run_log_in_the_checkout_fails(pytester, monkeypatch):
+    monkeypatch.setenv("MAXENT_GRPO_CLEAN_CHECKOUT", "1")  # on by itself with CI set
     probe = REPO / "logs" / f"clean-checkout-probe-{uuid.uuid4().hex[:8]}_train.log"
     pytester.makepyfile(
         f"""

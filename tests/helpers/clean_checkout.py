@@ -3,14 +3,16 @@ tmp_path).
 
 Each test: the run folders (`logs/`, `outputs/`, what `maxent-grpo runs` reads, and
 `bench/results/`, `wandb/`) and the repository's top level are listed before and after; an
-entry the test added fails it, naming the paths. With CI set (a checkout of its own), the whole
-session is also compared with `git status --porcelain --ignored --untracked-files=all`, caches
-left out, for files left deeper in the tree. Locally that comparison is left out: engineers
-sharing a checkout create files while a suite runs.
+entry the test added fails it, naming the paths. The whole session is also compared with
+`git status --porcelain --ignored --untracked-files=all`, caches left out, for files left
+deeper in the tree. Both run with CI set (.ci/run: a clone of its own, one suite at a time)
+or MAXENT_GRPO_CLEAN_CHECKOUT=1; in a checkout that several people use at once, another's
+run or new file would be blamed on the test that happened to be running.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -64,8 +66,15 @@ def untracked() -> set[str]:
     return {p for p in paths if not _cache(p)}
 
 
+def active() -> bool:
+    return in_ci() or os.environ.get("MAXENT_GRPO_CLEAN_CHECKOUT") == "1"
+
+
 @pytest.fixture(autouse=True)
 def _leaves_the_checkout_clean(request):
+    if not active():
+        yield
+        return
     before = listing()
     yield
     new = left_behind(before, listing())
@@ -78,7 +87,7 @@ def _leaves_the_checkout_clean(request):
 
 
 def pytest_sessionstart(session):
-    session.config._clean_checkout_before = untracked() if in_ci() else None
+    session.config._clean_checkout_before = untracked() if active() else None
 
 
 def pytest_sessionfinish(session, exitstatus):
