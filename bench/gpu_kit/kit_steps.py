@@ -17,7 +17,6 @@ from pathlib import Path
 from kit_runs import MAXENT_RECIPE, ROOT, Kit, abba, compare, one_line, require_learning
 
 ABBA = ["bare", "module", "module", "bare"]
-WARMUP_STEPS = {"gpu": 4, "cpu": 3}
 SIGNAL_STEPS = {"gpu": 6, "cpu": 20}  # on CPU, long enough that the signal lands mid-run
 # A batch no card holds: 16384 completions of 32 tokens have logits of 16384 x 33 x 151936
 # bf16 values (164 GB) in the training forward; an H200 has 141 GB.
@@ -50,12 +49,28 @@ def step_model(kit: Kit) -> dict:
 
 
 def step_warmup(kit: Kit) -> dict:
-    """An untimed run of ours first: it pays the cold start, and what it costs sizes the
-    later steps' time bounds (kit.py cap)."""
-    steps = WARMUP_STEPS[kit.mode]
-    run = kit.train("warmup", "module", kit.recipe("warmup", max_steps=steps))
+    """An untimed run of ours first: it pays the cold start, what it costs sizes the later
+    steps' time bounds (kit.py cap), and it is the signal step's uninterrupted run."""
+    run = uninterrupted(kit, "warmup")
     fixed = run["wall_s"] - sum(run["step_times_s"])
     return {"run": run, "fixed_s": round(max(fixed, 0.0), 1), "step_s": run["step_time_s"]}
+
+
+def uninterrupted(kit: Kit, name: str) -> dict:
+    """A run with the signal step's keys, on deterministic kernels where the card has them
+    (so that equal weights are a fair demand on a GPU too)."""
+    keys = {"full_determinism": True, "max_steps": SIGNAL_STEPS[kit.mode]}
+    try:
+        run = kit.train(name, "module", kit.recipe(name, **keys))
+    except RuntimeError as exc:
+        if "determinis" not in str(exc):
+            raise
+        # An op without a deterministic kernel: the same comparison without the demand.
+        keys["full_determinism"] = False
+        run = kit.train(f"{name}-2", "module", kit.recipe(name, **keys))
+        run["full_determinism_failed"] = one_line(exc)
+    run["full_determinism"] = "full_determinism_failed" not in run
+    return run
 
 
 def step_overhead(kit: Kit) -> dict:
@@ -110,18 +125,11 @@ def step_signal(kit: Kit) -> dict:
     from maxent_grpo.errors import EXIT_CHECKPOINTED
     from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
 
-    # Deterministic kernels, so that equal weights are a fair demand on a GPU too.
-    keys = {"full_determinism": True, "max_steps": SIGNAL_STEPS[kit.mode]}
-    try:
-        full = kit.train("signal-full", "module", kit.recipe("signal-full", **keys))
-    except RuntimeError as exc:
-        if "determinis" not in str(exc):
-            raise
-        # An op without a deterministic kernel: the same comparison without the demand.
-        keys["full_determinism"] = False
-        full = kit.train("signal-full-2", "module", kit.recipe("signal-full", **keys))
-        full["full_determinism_failed"] = one_line(exc)
-    moved = compare_weights(kit.model, kit.work / "runs" / "signal-full")
+    warm = kit.result("warmup") or {}
+    name = "warmup" if warm.get("ok") else "signal-full"
+    full = warm["run"] if warm.get("ok") else uninterrupted(kit, name)
+    keys = {"full_determinism": full["full_determinism"], "max_steps": SIGNAL_STEPS[kit.mode]}
+    moved = compare_weights(kit.model, kit.work / "runs" / name)
     if not moved["max_abs_diff"]:
         raise RuntimeError(f"the uninterrupted run's weights did not move: {moved}")
     recipe = kit.recipe("signal-part", **keys)
@@ -136,7 +144,7 @@ def step_signal(kit: Kit) -> dict:
         raise RuntimeError(f"resume exited {code}: {kit.failure('signal-resume')}")
     resumed = kit.figures("signal-resume", recipe)
     require_learning("signal-resume", resumed)
-    same = compare_weights(kit.work / "runs" / "signal-full", out)
+    same = compare_weights(kit.work / "runs" / name, out)
     at = int(checkpoint.name.rsplit("-", 1)[1])
     if resumed["first_step"] != at + 1:
         # A restart from scratch replays the same seeded run: equal weights cannot catch it.
