@@ -318,6 +318,8 @@ def test_one_node_defaults_to_one_replica():
     assert plan.server.gpus == ("0",) and plan.server.data_parallel == 1
     assert flag(plan.server.command, "--data-parallel-size") == "1"
     assert plan.train.num_processes == 7 and plan.idle == ()
+    why = "vllm_data_parallel_size unset: one replica on one node, whose other GPUs train"
+    assert f"  replicas: 1 ({why})" in plan.describe().splitlines()
 
 
 def test_one_node_replicas_need_a_gpu_left_to_train():
@@ -336,6 +338,8 @@ def test_whole_node_generation_two_nodes_nothing_idle():
     assert plan.train.num_processes == 8
     assert plan.idle == ()
     assert plan.describe().endswith("idle: none")
+    why = "vllm_data_parallel_size unset: the whole first node (8 GPUs / tensor parallel 1)"
+    assert f"  replicas: 8 ({why})" in plan.describe().splitlines()
 
 
 @pytest.mark.parametrize(("tp", "dp"), [(2, 4), (4, 2), (8, 1)])
@@ -355,6 +359,7 @@ def test_an_explicit_replica_count_that_leaves_gpus_idle_is_named():
         "with the whole node)",
     )
     assert "idle: node node0 GPUs 2,3,4,5,6,7" in plan.describe()
+    assert "  replicas: 2 (vllm_data_parallel_size)" in plan.describe().splitlines()
 
 
 def test_tp_not_dividing_the_node_leaves_the_remainder_idle():
@@ -406,6 +411,8 @@ def test_lora_sync_serves_one_replica_even_on_several_nodes():
         "node node0 GPUs 1,2,3,4,5,6,7 (vllm_weight_sync: lora serves one replica; disk or "
         "nccl sync serve more)",
     )
+    why = "vllm_data_parallel_size unset: one replica, the one a LoRA adapter reaches"
+    assert f"  replicas: 1 ({why})" in plan.describe().splitlines()
     message = plan_error(env(8), LORA.with_values(vllm_data_parallel_size=2))
     assert "reaches" not in message and "set vllm_data_parallel_size: 1" in message
 
@@ -511,6 +518,10 @@ def test_cpu_server_has_the_first_node_and_the_others_train():
     assert "--relative=1" in options and "--nodes=2" in options
     assert flag(per_node, "--main_process_ip") == "node1"
     assert flag(per_node, "--vllm_server_host") == "node0"
+    # a CPU server has no GPUs to fill: one replica unless the recipe asks for more
+    assert flag(plan.server.command, "--data-parallel-size") == "1"
+    why = "vllm_data_parallel_size unset: one replica on a CPU server"
+    assert f"  replicas: 1 ({why})" in plan.describe().splitlines()
     uneven = CPU_SERVER.with_values(num_processes=3)
     assert "use a multiple of 2" in plan_error(env(0, nodes=3), uneven)
 

@@ -2,7 +2,7 @@
 
 `prepare` is what training.sh (local or under sbatch), the submitit launcher, `maxent-grpo
 run`, `check`, `plan` and `sbatch` all do first; launch/attempt.py then runs the plan.
-Decisions live in recipe/ (keys, checks), methods.py and plan.py.
+Decisions live in recipe/ (keys, checks), methods.py and plan/.
 """
 
 from __future__ import annotations

@@ -1,0 +1,129 @@
+"""What a plan is made of: the allocation (Environment, Ports) in, the Plan out."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from maxent_grpo.errors import UserError
+
+
+class PlanError(UserError):
+    """The allocation cannot run the recipe (e.g. too few GPUs)."""
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the job was given. gpus are the ids visible on each node (CUDA_VISIBLE_DEVICES)."""
+
+    gpus: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ("localhost",)
+    cpu_processes: int = 2  # training processes when there is no GPU
+    python: str = "python"
+    cpus: int | None = None  # CPUs per node given to the job (None: unknown)
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Ports picked at the edge by asking the OS: fixed numbers clash on shared nodes."""
+
+    vllm: int = 8000
+    vllm_group: int = 51216
+    main_process: int = 29500
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    node: str
+    gpus: tuple[str, ...]
+    port: int
+    group_port: int
+    command: tuple[str, ...]
+    env: dict[str, str]
+    device: str  # "gpu" or "cpu" (vllm_server_device)
+    weight_sync: str  # vllm_weight_sync
+    timeout: float  # seconds to wait for /health (vllm_server_timeout)
+    tensor_parallel: int = 1
+    data_parallel: int = 1  # replicas (vLLM's --data-parallel-size)
+    data_parallel_why: str = ""  # which key or rule chose them (plan/server.py)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.node}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"{self.url}/health"
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    nodes: tuple[str, ...]
+    gpus: tuple[str, ...]  # per node
+    num_processes: int  # in total, across nodes
+    num_machines: int
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: str  # "cpu" or "gpu"
+    server: ServerPlan | None
+    train: TrainPlan
+    external_server: str | None = None  # vllm_server_base_url: a server we do not start
+    # GPUs of the allocation that neither serve nor train, one line per node with what to do
+    idle: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        lines = [f"device: {self.device}"]
+        if self.server:
+            s = self.server
+            where = f"GPUs {','.join(s.gpus)}" if s.device == "gpu" else "CPU (vLLM's CPU build)"
+            lines += [
+                f"vllm server: node {s.node}, {where} (tensor parallel {s.tensor_parallel} x "
+                f"data parallel {s.data_parallel}), port {s.port}, "
+                f"weight sync {s.weight_sync}"
+                + (f" (group port {s.group_port})" if s.weight_sync == "nccl" else ""),
+                f"  replicas: {s.data_parallel} ({s.data_parallel_why})",
+                f"  health: {s.health_url} (timeout {s.timeout:g}s: vllm_server_timeout)",
+                "  env: " + _format_env(s.env),
+                "  command: " + shlex.join(s.command),
+            ]
+        elif self.external_server:
+            lines.append(f"vllm server: external, {self.external_server} (not started here)")
+        else:
+            lines.append("vllm server: none")
+        t = self.train
+        gpus = ",".join(t.gpus) if t.gpus else "none (CPU)"
+        lines += [
+            f"training: {t.num_processes} processes on {t.num_machines} machine(s) "
+            f"{','.join(t.nodes)}, GPUs per node {gpus}",
+            "  env: " + _format_env(t.env),
+            "  command: " + shlex.join(t.command),
+        ]
+        lines += [f"idle: {line}" for line in self.idle] or ["idle: none"]
+        return "\n".join(lines)
+
+
+def _format_env(env: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(env.items())) or "(inherited)"
+
+
+def parse_visible_devices(value: str | None) -> tuple[str, ...]:
+    """CUDA_VISIBLE_DEVICES -> ids; unset or empty means no GPU. Ids may be UUIDs."""
+    if not value:
+        return ()
+    ids = []
+    for part in value.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        # CUDA stops at the first invalid id: "-1" hides every device, "0,-1,2" shows only 0.
+        if part.lstrip("-").isdigit() and int(part) < 0:
+            break
+        # Slurm exports NoDevFiles when the job has no GPU of the requested kind.
+        if part == "NoDevFiles":
+            break
+        ids.append(part)
+    return tuple(ids)
