@@ -33,6 +33,16 @@ EXPECTED = {
     "_compute_loss": ["self", "model", "inputs"],
     "_get_train_sampler": ["self", "dataset"],
     "compute_loss": ["self", "model", "inputs", "return_outputs", "num_items_in_batch"],
+    "get_batch_samples": ["self", "epoch_iterator", "num_batches", "device"],
+    "_generate_single_turn": [
+        "self",
+        "prompt_ids",
+        "images",
+        "multimodal_fields",
+        "num_generations",
+        "has_tool_images",
+    ],
+    "_tokenize_prompts": ["self", "prompts"],
 }
 
 

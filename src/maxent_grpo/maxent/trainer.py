@@ -14,8 +14,6 @@ MaxEntGRPOTrainer adds the mixins of our GRPO trainer: complete checkpoints and 
 
 from __future__ import annotations
 
-import math
-
 import torch
 import trl
 
@@ -29,6 +27,7 @@ from maxent_grpo.maxent.weights import (
 )
 from maxent_grpo.recipe.maxent_keys import MaxEntConfig
 from maxent_grpo.train.adaptive_kl import KLController
+from maxent_grpo.train.async_generation import AsyncGenerationMixin
 from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin
 from maxent_grpo.train.data_order import EpochOrderMixin
 from maxent_grpo.train.rollout_mixin import RolloutMixin
@@ -68,9 +67,9 @@ class _MaxEntTrainerBase(trl.GRPOTrainer):
         self.tau_controller = TauController(
             config.maxent_tau,
             config.maxent_target_weight_entropy,
-            lr=config.maxent_tau_lr or 0.0,
-            tau_min=config.maxent_tau_min or 0.0,
-            tau_max=config.maxent_tau_max or math.inf,
+            lr=config.maxent_tau_lr,
+            tau_min=config.maxent_tau_min,
+            tau_max=config.maxent_tau_max,
         )
         self._gathered_rewards = None
         # Measurements since the last optimizer step, consumed by the controllers at its end.
@@ -251,6 +250,7 @@ class MaxEntGRPOTrainer(
     RolloutMixin,
     EpochOrderMixin,
     StepTimeMixin,
+    AsyncGenerationMixin,
     VLLMSyncMixin,
     _MaxEntTrainerBase,
 ):

@@ -82,6 +82,25 @@ class GRPOConfig(trl.GRPOConfig):
             "(vllm_importance_sampling_correction, required then) reweights or masks."
         },
     )
+    async_generation: bool = field(
+        default=False,
+        metadata={
+            "help": "Server mode: generate the next step's completions on the vLLM server while "
+            "the trainers train on this step's (one step ahead; docs: Asynchronous "
+            "generation). Samples are then one policy version old (up to "
+            "vllm_sync_interval_steps), which TRL's importance-sampling correction reweights. "
+            "false: generate, then train (TRL's loop)."
+        },
+    )
+    # TRL's name and meaning (trl/experimental/async_grpo), our default: one step ahead.
+    max_staleness: Annotated[int, Accepts(range=(">=", 1))] = field(
+        default=1,
+        metadata={
+            "help": "With async_generation: the most optimizer steps a sample's policy may be "
+            "behind the policy that trains on it; older samples are dropped (counted in "
+            "async/dropped_stale) and generated again. At least vllm_sync_interval_steps."
+        },
+    )
     # TRL's key and meaning (seconds to wait for the server's /health), with a default that
     # fits big models: the launcher and the trainer both wait this long (its only default).
     vllm_server_timeout: Annotated[float, Accepts(range=(">", 0))] = field(
@@ -182,6 +201,7 @@ class GRPOConfig(trl.GRPOConfig):
             self._check_kl_coefficient,
             self._check_adaptive_kl,
             self._check_sync_interval,
+            self._check_async_generation,
             self._check_rollouts,
         )
 
@@ -233,6 +253,39 @@ class GRPOConfig(trl.GRPOConfig):
                 "older policy and nothing corrects for it; set "
                 "vllm_importance_sampling_correction: true, or vllm_sync_interval_steps: 1"
             )
+
+    def _check_async_generation(self) -> None:
+        """One generation per optimizer step, from a server, with TRL's correction."""
+        if not self.async_generation:
+            return
+        lines = []
+        if not (self.use_vllm and self.vllm_mode == "server"):
+            lines.append(
+                "async_generation: true needs a vLLM server to generate while the trainers "
+                "train; set use_vllm: true and vllm_mode: server, or async_generation: false"
+            )
+        if not self.vllm_importance_sampling_correction:
+            lines.append(
+                "async_generation: true with vllm_importance_sampling_correction: false: samples "
+                "come from the previous policy and nothing would correct for it; set "
+                "vllm_importance_sampling_correction: true"
+            )
+        steps = self.steps_per_generation or self.gradient_accumulation_steps
+        if steps != self.gradient_accumulation_steps or self.num_iterations != 1:
+            lines.append(
+                f"async_generation: true needs one generation per optimizer step; "
+                f"steps_per_generation {steps} and num_iterations {self.num_iterations} give "
+                "another; set steps_per_generation to gradient_accumulation_steps and "
+                "num_iterations: 1"
+            )
+        if self.max_staleness < self.vllm_sync_interval_steps:
+            lines.append(
+                f"max_staleness: {self.max_staleness} is below vllm_sync_interval_steps "
+                f"({self.vllm_sync_interval_steps}): every sample would be too old; set "
+                f"max_staleness: {self.vllm_sync_interval_steps} or more"
+            )
+        if lines:
+            raise ConfigProblems("async_generation", lines)
 
     def _check_adaptive_kl(self) -> None:
         if (self.kl_target is None) != (self.kl_horizon is None):

@@ -1,6 +1,7 @@
 """Our GRPO trainer: TRL's GRPOTrainer with an adaptive beta (kl_target, kl_horizon),
 complete-checkpoint marking, rollout filters and carry-over (train/rollout_mixin.py), the
-data order of an uninterrupted run on resume, and vLLM weight sync. Importing this module
+data order of an uninterrupted run on resume, vLLM weight sync and asynchronous generation
+(train/async_generation.py). Importing this module
 imports TRL (seconds): the trainer process imports it once the recipe is read
 (train_process.py `trainer_class`).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import trl
 
 from maxent_grpo.train.adaptive_kl import AdaptiveKLMixin
+from maxent_grpo.train.async_generation import AsyncGenerationMixin
 from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin
 from maxent_grpo.train.data_order import EpochOrderMixin
 from maxent_grpo.train.rollout_mixin import RolloutMixin
@@ -25,6 +27,7 @@ class GRPOTrainer(
     RolloutMixin,
     EpochOrderMixin,
     StepTimeMixin,
+    AsyncGenerationMixin,
     VLLMSyncMixin,
     trl.GRPOTrainer,
 ):

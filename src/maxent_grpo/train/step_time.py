@@ -14,7 +14,8 @@ Per optimizer step, seconds of the main process (`time/*`):
   start) with a vLLM server (`vllm_mode: server`), 0 when the trainers generate themselves;
 - `step_s`: the step's wall clock (from the step's first micro-batch to its end);
 - `server_busy`: the server's busy share of the step (generation + sync over step; server
-  mode only); `trainer_busy`: the trainers' ((step - waiting) / step).
+  mode only; with `async_generation`, the server's request time, not the wait);
+  `trainer_busy`: the trainers' ((step - waiting) / step).
 
 The same blocks feed the product's timers (`timers.timed`: "generation", "rewards",
 "training_step") for bench/.
@@ -44,7 +45,10 @@ def step_split(parts: dict[str, float], step_s: float, server: bool) -> dict[str
     if step_s > 0:
         metrics[f"{PREFIX}trainer_busy"] = (step_s - waiting) / step_s
         if server:
-            metrics[f"{PREFIX}server_busy"] = (generation + parts.get("sync", 0.0)) / step_s
+            # With async_generation the server generates while the trainers train: its own
+            # request time (train/async_generation.py), not the trainers' wait for it.
+            serving = parts.get("server_generation", generation)
+            metrics[f"{PREFIX}server_busy"] = min(1.0, (serving + parts.get("sync", 0.0)) / step_s)
     return metrics
 
 

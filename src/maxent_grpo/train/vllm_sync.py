@@ -342,7 +342,7 @@ class VLLMSyncMixin:
             start = time.perf_counter()
             sync()
             seconds = time.perf_counter() - start
-            synced_step = step
+            synced_step = generation.synced_step = step  # the server's policy version
             self._metrics[mode][WEIGHT_SYNC_METRIC].append(seconds)
             self._metrics[mode][POLICY_LAG_METRIC].append(0)
             sent = getattr(generation, "last_sync_bytes", None)  # disk sync, main process

@@ -1,0 +1,340 @@
+"""Asynchronous generation (`async_generation: true`): the vLLM server generates the next
+step's completions while the trainers score and train on this step's.
+
+Why inside our trainer, not TRL's `AsyncGRPOTrainer` (docs/architecture.md): TRL's is another
+trainer (its own base, data path and loss), pushes weights over NCCL only (no CPU, no disk or
+LoRA sync), and would leave out MaxEnt-GRPO, rollout filters and the state registry.
+
+The pipeline, one step deep, with every collective on the main thread:
+- `get_batch_samples` (HF's fetch of a step's batches) also fetches the next step's batches
+  and gathers their prompt token ids on the main process (a collective, on every rank);
+- step k's first generation call (`_generate_single_turn`) waits for step k's completions
+  (generated during step k-1), pushes the weights of the k-1 steps done (TRL's rule: once per
+  step, or every `vllm_sync_interval_steps`), hands step k+1's prompts to the worker thread,
+  and broadcasts step k's completions from the main process (TRL's own broadcast);
+- the worker thread (main process only) sends step k+1's request while the trainers score and
+  train step k. Only it talks to the server between syncs; a sync never overlaps a request,
+  so every completion comes from one known policy version.
+A sample is `staleness` = (policy version trained) - (version that generated it) steps old:
+1 here (k-1 steps done at step k, generated from k-2), up to `vllm_sync_interval_steps`.
+Older than `max_staleness`, it is dropped (counted) and the step generates afresh. A step
+whose prompts have no completions waiting (the first step, the first of an epoch, a round
+other than the first, a prompt set the rollout rounds changed) generates synchronously.
+
+The completions waiting for the next step are registered trainer state (`async_generation`,
+train/state.py): a checkpoint waits for them (bounded) and saves them with their policy
+version, so a resumed run trains its first step on the completions an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from maxent_grpo.train.state import state_registry
+
+logger = logging.getLogger(__name__)
+
+
+class ServerLostError(RuntimeError):
+    """The vLLM server failed or stopped answering while generating ahead: a crash (another
+    attempt may succeed), with its own line, never a hang."""
+
+
+@dataclass
+class Pending:
+    """One step's generation, sent ahead by the worker (payload on the main process only)."""
+
+    step: int  # the optimizer step (1-based) that trains on it
+    prompt_ids: list[list[int]]  # this process's prompts, as TRL tokenizes them
+    all_prompt_ids: list[list[int]] | None  # every process's (main process only)
+    version: int = -1  # optimizer steps in the weights that generated it
+    payload: tuple | None = None  # (completion_ids, logprobs) of all processes
+    error: BaseException | None = None
+    started: float = 0.0
+    finished: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class GenerationWorker:
+    """A daemon thread that sends one request at a time (the main process's only)."""
+
+    def __init__(self, generate, timeout: float):
+        self._generate = generate  # (all_prompt_ids) -> (completion_ids, logprobs)
+        self._timeout = timeout
+        self._todo: list[Pending] = []
+        self._wake = threading.Condition()
+        self._closed = False
+        self.busy: list[tuple[float, float]] = []  # (start, end) of each request
+        self._thread = threading.Thread(target=self._run, name="async-generation", daemon=True)
+        self._thread.start()
+
+    def submit(self, item: Pending) -> None:
+        with self._wake:
+            self._todo.append(item)
+            self._wake.notify()
+
+    def wait(self, item: Pending) -> tuple:
+        """The item's completions; ServerLostError after the server's timeout or its failure."""
+        if not item.done.wait(self._timeout):
+            raise ServerLostError(
+                f"the vLLM server did not return step {item.step}'s completions within "
+                f"vllm_server_timeout ({self._timeout:g}s) while generating ahead"
+            )
+        if item.error is not None:
+            raise ServerLostError(
+                f"the vLLM server failed while generating step {item.step} ahead: "
+                f"{type(item.error).__name__}: {item.error}"
+            ) from item.error
+        return item.payload
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._todo and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                item = self._todo.pop(0)
+            item.started = time.monotonic()
+            try:
+                item.payload = self._generate(item.all_prompt_ids)
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+                item.error = exc
+            item.finished = time.monotonic()
+            self.busy.append((item.started, item.finished))
+            item.done.set()
+
+
+def busy_seconds(intervals: list[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of [start, end] covered by the (non-overlapping, ordered) intervals."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
+
+
+def unique_groups(prompt_ids: list[list[int]]) -> list[tuple[list[int], int]]:
+    """Runs of identical consecutive prompts (TRL repeats each prompt num_generations times)."""
+    runs: list[tuple[list[int], int]] = []
+    for ids in prompt_ids:
+        if runs and runs[-1][0] == ids:
+            runs[-1] = (ids, runs[-1][1] + 1)
+        else:
+            runs.append((ids, 1))
+    return runs
+
+
+class AsyncGenerationMixin:
+    """Trainer mixin (both trainers, before TRL's class): `async_generation` (module doc)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        config = self.args
+        self._async_on = bool(getattr(config, "async_generation", False)) and (
+            getattr(self, "use_vllm", False) and getattr(config, "vllm_mode", "") == "server"
+        )
+        self._ahead = None  # (epoch iterator, batches, num_items) of the next step
+        self._next: Pending | None = None  # the next step's prompts, gathered, not yet sent
+        self._pending: Pending | None = None  # the next step's generation, sent or restored
+        self._worker: GenerationWorker | None = None
+        self._consumed_at: float | None = None
+        self._async_step = 0  # the step whose first generation has been served
+        if self._async_on:
+            state_registry(self).register(
+                "async_generation", self._async_state, self._load_async_state, per_process=True
+            )
+
+    # ---- the next step's prompts ----------------------------------------------------------
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        # HF's training loop only (the model is put in train mode later, in training_step).
+        if not self._async_on:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] is epoch_iterator and ahead[1]:
+            current = ahead[1], ahead[2]
+        else:  # the first step, or the first of an epoch: nothing fetched ahead
+            current = super().get_batch_samples(epoch_iterator, num_batches, device)
+        batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self._ahead = (epoch_iterator, batches, items)
+        # Every rank calls this at the same point: the gather inside is a collective.
+        self._next = self._gathered(self.state.global_step + 2, batches[0]) if batches else None
+        return current
+
+    def _gathered(self, step: int, rows: list[dict]) -> Pending:
+        from accelerate.utils import gather_object
+
+        prompts = copy.deepcopy([row["prompt"] for row in rows])  # as TRL's _generate
+        prompt_ids, images, _ = self._tokenize_prompts(prompts)
+        everyone = gather_object(prompt_ids)
+        main = self.accelerator.is_main_process and images is None
+        return Pending(step, prompt_ids, everyone if main else None)
+
+    # ---- a step's first generation ---------------------------------------------------------
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, *a):
+        step = self.state.global_step + 1
+        first = self._async_on and self.model.training and self._async_step != step
+        if not first or images is not None:  # later rounds, tool turns, eval: TRL's
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, *a
+            )
+        self._async_step = step
+        item, self._pending = self._pending, None
+        waited = time.monotonic()
+        decision = None
+        if self.accelerator.is_main_process:
+            ready = item is not None and item.step == step
+            payload = self._collect(item) if ready else None
+            decision = self._decide(item if ready else None, prompt_ids, payload, waited)
+        self._sync_weights_once()
+        decision = self._shared(decision)
+        self._record(decision)
+        if decision["use"]:
+            result = self._local_slice(decision["payload"], prompt_ids, item)
+        else:
+            result = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, *a
+            )
+        self._send_next()
+        return result
+
+    def _collect(self, item: Pending) -> tuple:
+        if item.done.is_set() and item.error is None:
+            return item.payload
+        return self._worker.wait(item)
+
+    def _decide(self, item: Pending | None, prompt_ids, payload, waited: float) -> dict:
+        """The main process's decision for this step, shared with the others."""
+        now = time.monotonic()
+        staleness = None if item is None else self.state.global_step - item.version
+        stale = staleness is not None and staleness > self.args.max_staleness
+        use = item is not None and not stale and item.all_prompt_ids is not None
+        use = use and item.prompt_ids == prompt_ids
+        serving = None  # the server's request seconds since the step before consumed
+        if self._worker is not None and self._consumed_at is not None:
+            serving = busy_seconds(self._worker.busy, self._consumed_at, now)
+            del self._worker.busy[:-2]  # older intervals end before this step began
+        self._consumed_at = now
+        return {
+            "use": use,
+            "payload": payload if use else None,
+            "staleness": staleness if use else None,
+            "dropped": len(item.all_prompt_ids) if stale and item.all_prompt_ids else 0,
+            "ready_before": item is not None and item.finished and item.finished <= waited,
+            "wait_s": now - waited,
+            "server_s": serving,
+        }
+
+    def _shared(self, decision: dict | None) -> dict:
+        from accelerate.utils import broadcast_object_list
+
+        if self.accelerator.num_processes == 1:
+            return decision
+        box = [decision]
+        broadcast_object_list(box, from_process=0)
+        return box[0]
+
+    def _record(self, decision: dict) -> None:
+        metrics = self._metrics["train"]
+        if decision["staleness"] is not None:
+            metrics["async/staleness_mean"].append(float(decision["staleness"]))
+            metrics["async/staleness_max"].append(float(decision["staleness"]))
+        metrics["async/prefetched"].append(float(decision["use"]))
+        metrics["async/dropped_stale"].append(float(decision["dropped"]))
+        metrics["async/queue_depth"].append(float(decision["ready_before"]))
+        metrics["async/wait_s"].append(decision["wait_s"])
+        record = getattr(self, "add_step_time", None)  # train/step_time.py: time/server_busy
+        if decision["server_s"] is not None and record is not None:
+            record("server_generation", decision["server_s"])
+
+    def _local_slice(self, payload: tuple, prompt_ids, item: Pending | None):
+        completion_ids, logprobs = payload
+        rank, size = self.accelerator.process_index, len(prompt_ids)
+        if item is None or item.prompt_ids != prompt_ids:
+            raise RuntimeError(
+                "async_generation: this process's prompts differ from the main process's "
+                "prefetched step (the ranks disagree on the step's data)"
+            )
+        rows = slice(rank * size, (rank + 1) * size)
+        return completion_ids[rows], (logprobs[rows] if logprobs is not None else None)
+
+    def _sync_weights_once(self) -> None:
+        """TRL's rule, before the step's generation: push the weights once per step (the
+        interval is vllm_sync.py's); afterwards TRL's own call finds nothing to do."""
+        if self.state.global_step != self._last_loaded_step:
+            self.vllm_generation.sync_weights()
+            self._last_loaded_step = self.state.global_step
+
+    # ---- the worker --------------------------------------------------------------------------
+
+    def _send_next(self) -> None:
+        item, self._next = self._next, None
+        if item is None:
+            return
+        item.version = getattr(self.vllm_generation, "synced_step", None)
+        if item.version is None:
+            item.version = self.state.global_step
+        self._pending = item
+        if item.all_prompt_ids is None:  # not the main process: it only keeps the prompts
+            return
+        if self._worker is None:
+            self._worker = GenerationWorker(self._request, self.args.vllm_server_timeout)
+        self._worker.submit(item)
+
+    def _request(self, all_prompt_ids: list[list[int]]) -> tuple:
+        """TRL's server request for every process's prompts (vllm_generation.py), in the
+        worker thread: unique prompts, num_generations completions each."""
+        generation, n = self.vllm_generation, self.num_generations
+        output = generation.vllm_client.generate(
+            prompts=all_prompt_ids[::n],
+            n=n,
+            repetition_penalty=generation.repetition_penalty,
+            temperature=generation.temperature,
+            top_p=generation.top_p,
+            top_k=generation.top_k,
+            min_p=0.0 if generation.min_p is None else generation.min_p,
+            max_tokens=generation.max_completion_length,
+            logprobs=generation.logprobs,
+            structured_outputs_regex=generation.structured_outputs_regex,
+            generation_kwargs=generation.generation_kwargs,
+        )
+        logprobs = output["logprobs"]
+        if logprobs is not None:
+            logprobs = [[lp[0] for lp in seq] for seq in logprobs]
+        return output["completion_ids"], logprobs
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+
+    def _async_state(self) -> dict:
+        item = self._pending
+        if item is None:
+            return {"step": -1}
+        payload = self._collect(item) if item.all_prompt_ids is not None else None
+        return {
+            "step": item.step,
+            "version": item.version,
+            "prompt_ids": item.prompt_ids,
+            "all_prompt_ids": item.all_prompt_ids,
+            "payload": payload,
+        }
+
+    def _load_async_state(self, state: dict) -> None:
+        if state["step"] < 0:
+            self._pending = None
+            return
+        item = Pending(int(state["step"]), state["prompt_ids"], state["all_prompt_ids"])
+        item.version, item.payload = int(state["version"]), state["payload"]
+        item.done.set()
+        self._pending = item
+        logger.warning(
+            "async_generation: resumed with step %d's completions (policy version %d)",
+            item.step,
+            item.version,
+        )
