@@ -2,8 +2,8 @@
 
 training.sh (local or under sbatch), the submitit launcher and `maxent-grpo run` all run one
 `Attempt` of a request prepared by launch/launcher.py. Effects live here (processes, signals,
-files, the run's event log); the outcome rules in launch/outcomes.py, the stop and checkpoint
-files in rundir/checkpoints.py.
+files, the run's event log); how it ends (outcome, requeue) in launch/finish.py, the outcome
+rules in launch/outcomes.py, the stop and checkpoint files in rundir/checkpoints.py.
 """
 
 from __future__ import annotations
@@ -18,12 +18,9 @@ from pathlib import Path
 import yaml
 
 from maxent_grpo.errors import EXIT_USER_ERROR, UserError
+from maxent_grpo.launch.finish import Finish
 from maxent_grpo.launch.launcher import Prepared, RunRequest, prepare
 from maxent_grpo.launch.outcomes import (
-    STOP_CLASSES,
-    Outcome,
-    classify,
-    is_permanent,
     log_tail,
     node_failed,
     previous_outcome,
@@ -41,12 +38,7 @@ from maxent_grpo.launch.resume import (
 from maxent_grpo.launch.server import launch_server
 from maxent_grpo.launch.slurm import (
     job_record,
-    node_down_wait_s,
-    requeue,
-    should_requeue,
     slurm_job,
-    slurm_verdict,
-    slurmd_timeout,
     user_error_marker,
 )
 from maxent_grpo.launch.watchdog import (
@@ -60,10 +52,8 @@ from maxent_grpo.rundir.checkpoints import (
     clear_run_complete,
     clear_stop_request,
     last_complete_checkpoint,
-    list_checkpoints,
     request_stop,
     run_is_complete,
-    stop_request_reason,
     stop_requested,
 )
 from maxent_grpo.rundir.events import emit, events_path
@@ -156,7 +146,7 @@ class _Signals:
             signal.signal(signum, handler)
 
 
-class Attempt:
+class Attempt(Finish):
     """One attempt of a training run in this allocation: run() returns the exit code.
 
     requeue_on_stop: after a graceful stop under Slurm, `scontrol requeue` this job (or
@@ -356,18 +346,6 @@ class Attempt:
             server=server and {"node": server.node, "port": server.port, "device": server.device},
         )
 
-    def _emit_outcome(self, outcome: str, reason: str, code: int, requeue=None) -> None:
-        complete = [c.step for c in list_checkpoints(self.output_dir) if c.complete]
-        emit(
-            self.output_dir,
-            "outcome",
-            outcome=outcome,
-            reason=reason.splitlines()[0] if reason else "",
-            code=code,
-            step=complete[-1] if complete else None,
-            requeue=requeue,
-        )
-
     def _start_and_wait(self, recipe, plan: Plan, run_name: str, train_log: Path) -> Watched:
         # The recipe's env: block reaches the run's processes, under the plan's own variables.
         environ = {**self.environ, **recipe.env}
@@ -409,101 +387,6 @@ class Attempt:
             if not self.trainer.wait_group(STOP_DRAIN_S):
                 print(f"trainers still running {STOP_DRAIN_S}s after the stop; stopping them")
         self.abort()
-
-    def _classify(self, watched: Watched, previous: dict | None, train_log: Path) -> Outcome:
-        if self.stop_reason is None and stop_requested(self.output_dir):
-            self.stop_reason = stop_request_reason(self.output_dir)
-        stop = None
-        if self.stop_reason is not None:
-            name = signal.Signals(self.stop_signal).name if self.stop_signal else None
-            restarts = self.job.restart_count if self.job else 0
-            stop = (self.stop_reason, name, job_record(self.job), restarts)
-        return classify(self.output_dir, watched, stop, previous, train_log)
-
-    def _finish(self, outcome: Outcome, max_requeues: int, marker: Path | None) -> int:
-        """Record the outcome; requeue a transient one under Slurm; remember a permanent one."""
-        self.finishing = True
-        if outcome.kind == "completed":
-            print(f"model: {self.output_dir}")
-            self._emit_outcome(outcome.kind, outcome.reason, 0)
-            return 0
-        checkpoint = last_complete_checkpoint(self.output_dir)
-        if outcome.kind in STOP_CLASSES:
-            print(f"stopped ({self.stop_reason}); resume point: {checkpoint or 'none yet'}")
-        else:
-            print(f"{outcome.kind}: {outcome.reason}", flush=True)
-            print(f"resume point: {checkpoint or 'none yet'}", flush=True)
-        if outcome.kind == "user_error":
-            # Found by the trainers' checks (prepare() leaves TRL's, rewards' and data's to
-            # them): the same one line on stderr as a problem prepare() finds.
-            print(f"error: {outcome.reason}", file=sys.stderr, flush=True)
-        if is_permanent(outcome):
-            if marker is not None:  # later tasks of the array exit at once with this line
-                marker.parent.mkdir(parents=True, exist_ok=True)
-                marker.write_text(f"{outcome.kind}: {outcome.reason}\n")
-            print(f"not retried: {outcome.kind} is permanent", flush=True)
-            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
-        elif self.requeue_on_stop:
-            self._requeue(outcome, max_requeues)
-        else:
-            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
-        return outcome.code
-
-    def _requeue(self, outcome: Outcome, max_requeues: int) -> None:
-        """Requeue this job under Slurm when allowed, recording the outcome first."""
-        if outcome.requeued_by_slurm:  # (a preemption with PreemptMode=REQUEUE)
-            self._requeued_by_slurm(outcome)
-            return
-        ok, why = should_requeue(self.job, max_requeues)
-        if not ok:
-            print(f"not requeued: {why}", flush=True)
-            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
-            return
-        target = self.job.requeue_target
-        # Said and recorded first: Slurm may stop this process once the requeue is accepted.
-        self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
-        verdict = self._await_node_down(outcome.silent_hosts) if outcome.silent_hosts else None
-        if verdict == "requeued":
-            self._requeued_by_slurm(outcome, recorded=True)
-            return
-        if verdict is not None:  # Slurm ended the job (scancel, NODE_FAIL without --requeue)
-            print(f"not requeued: Slurm {verdict}", flush=True)
-            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
-            return
-        print(f"requeueing {target}", flush=True)
-        result = requeue(self.job)
-        self.requeued = result.returncode == 0
-        if result.returncode != 0:
-            print(f"error: scontrol requeue failed: {result.stderr.strip()}", flush=True)
-            # The reader takes an attempt's last outcome: this one says "not requeued".
-            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
-
-    def _requeued_by_slurm(self, outcome: Outcome, recorded: bool = False) -> None:
-        target = self.job.requeue_target
-        print(f"Slurm requeued {target} itself; it resumes from the last checkpoint", flush=True)
-        if not recorded:  # (the outcome, naming the requeue, is in the event log already)
-            self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
-        self.requeued = True
-
-    def _await_node_down(self, hosts: tuple[str, ...], poll: float = 2.0) -> str | None:
-        """Wait until Slurm has marked the silent hosts DOWN, which requeues or ends the job
-        (slurm_verdict), at most node_down_wait_s of its SlurmdTimeout: a requeue of ours
-        before that breaks the job's GPU records (launch/slurm.py). None: Slurm did nothing
-        in that time (or the time limit's warning came), so this launcher requeues."""
-        limit = node_down_wait_s(slurmd_timeout())
-        names = ", ".join(hosts)
-        print(f"waiting up to {limit:.0f}s for Slurm to mark {names} down and requeue the job")
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline and self.late_signal != signal.SIGUSR1:
-            verdict = slurm_verdict(job_record(self.job), self.job.restart_count)
-            if verdict is not None:
-                return verdict
-            time.sleep(poll)
-        if self.late_signal == signal.SIGUSR1:
-            print("the time limit is near: requeueing now", flush=True)
-        else:
-            print(f"Slurm did not mark {names} down in {limit:.0f}s: requeueing", flush=True)
-        return None
 
 
 def run_attempt(request: RunRequest, environ=os.environ, early_signals=()) -> int:

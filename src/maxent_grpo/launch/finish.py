@@ -1,0 +1,153 @@
+"""How an attempt ends: its class (launch/outcomes.py's rules), the outcome event, a permanent
+failure remembered for the array's later tasks, a requeue under Slurm.
+
+`Finish` is the outcome half of launch/attempt.py's Attempt (the run half: processes,
+signals, the wait); it reads the state the run left on it (job, output_dir, stop_reason,
+stop_signal, late_signal) and sets finishing and requeued.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+from maxent_grpo.launch.outcomes import STOP_CLASSES, Outcome, classify, is_permanent
+from maxent_grpo.launch.slurm import (
+    SlurmJob,
+    job_record,
+    node_down_wait_s,
+    requeue,
+    should_requeue,
+    slurm_verdict,
+    slurmd_timeout,
+)
+from maxent_grpo.launch.watchdog import Watched
+from maxent_grpo.rundir.checkpoints import (
+    last_complete_checkpoint,
+    list_checkpoints,
+    stop_request_reason,
+    stop_requested,
+)
+from maxent_grpo.rundir.events import emit
+
+
+class Finish:
+    """The outcome half of an Attempt (see the module docstring)."""
+
+    job: SlurmJob | None
+    output_dir: Path | None
+    stop_reason: str | None
+    stop_signal: int | None
+    late_signal: int | None
+    finishing: bool
+    requeue_on_stop: bool
+    requeued: bool
+
+    def _emit_outcome(self, outcome: str, reason: str, code: int, requeue=None) -> None:
+        complete = [c.step for c in list_checkpoints(self.output_dir) if c.complete]
+        emit(
+            self.output_dir,
+            "outcome",
+            outcome=outcome,
+            reason=reason.splitlines()[0] if reason else "",
+            code=code,
+            step=complete[-1] if complete else None,
+            requeue=requeue,
+        )
+
+    def _classify(self, watched: Watched, previous: dict | None, train_log: Path) -> Outcome:
+        if self.stop_reason is None and stop_requested(self.output_dir):
+            self.stop_reason = stop_request_reason(self.output_dir)
+        stop = None
+        if self.stop_reason is not None:
+            name = signal.Signals(self.stop_signal).name if self.stop_signal else None
+            restarts = self.job.restart_count if self.job else 0
+            stop = (self.stop_reason, name, job_record(self.job), restarts)
+        return classify(self.output_dir, watched, stop, previous, train_log)
+
+    def _finish(self, outcome: Outcome, max_requeues: int, marker: Path | None) -> int:
+        """Record the outcome; requeue a transient one under Slurm; remember a permanent one."""
+        self.finishing = True
+        if outcome.kind == "completed":
+            print(f"model: {self.output_dir}")
+            self._emit_outcome(outcome.kind, outcome.reason, 0)
+            return 0
+        checkpoint = last_complete_checkpoint(self.output_dir)
+        if outcome.kind in STOP_CLASSES:
+            print(f"stopped ({self.stop_reason}); resume point: {checkpoint or 'none yet'}")
+        else:
+            print(f"{outcome.kind}: {outcome.reason}", flush=True)
+            print(f"resume point: {checkpoint or 'none yet'}", flush=True)
+        if outcome.kind == "user_error":
+            # Found by the trainers' checks (prepare() leaves TRL's, rewards' and data's to
+            # them): the same one line on stderr as a problem prepare() finds.
+            print(f"error: {outcome.reason}", file=sys.stderr, flush=True)
+        if is_permanent(outcome):
+            if marker is not None:  # later tasks of the array exit at once with this line
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text(f"{outcome.kind}: {outcome.reason}\n")
+            print(f"not retried: {outcome.kind} is permanent", flush=True)
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+        elif self.requeue_on_stop:
+            self._requeue(outcome, max_requeues)
+        else:
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+        return outcome.code
+
+    def _requeue(self, outcome: Outcome, max_requeues: int) -> None:
+        """Requeue this job under Slurm when allowed, recording the outcome first."""
+        if outcome.requeued_by_slurm:  # (a preemption with PreemptMode=REQUEUE)
+            self._requeued_by_slurm(outcome)
+            return
+        ok, why = should_requeue(self.job, max_requeues)
+        if not ok:
+            print(f"not requeued: {why}", flush=True)
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+            return
+        target = self.job.requeue_target
+        # Said and recorded first: Slurm may stop this process once the requeue is accepted.
+        self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
+        verdict = self._await_node_down(outcome.silent_hosts) if outcome.silent_hosts else None
+        if verdict == "requeued":
+            self._requeued_by_slurm(outcome, recorded=True)
+            return
+        if verdict is not None:  # Slurm ended the job (scancel, NODE_FAIL without --requeue)
+            print(f"not requeued: Slurm {verdict}", flush=True)
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+            return
+        print(f"requeueing {target}", flush=True)
+        result = requeue(self.job)
+        self.requeued = result.returncode == 0
+        if result.returncode != 0:
+            print(f"error: scontrol requeue failed: {result.stderr.strip()}", flush=True)
+            # The reader takes an attempt's last outcome: this one says "not requeued".
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code)
+
+    def _requeued_by_slurm(self, outcome: Outcome, recorded: bool = False) -> None:
+        target = self.job.requeue_target
+        print(f"Slurm requeued {target} itself; it resumes from the last checkpoint", flush=True)
+        if not recorded:  # (the outcome, naming the requeue, is in the event log already)
+            self._emit_outcome(outcome.kind, outcome.reason, outcome.code, requeue=target)
+        self.requeued = True
+
+    def _await_node_down(self, hosts: tuple[str, ...], poll: float = 2.0) -> str | None:
+        """Wait until Slurm has marked the silent hosts DOWN, which requeues or ends the job
+        (slurm_verdict), at most node_down_wait_s of its SlurmdTimeout: a requeue of ours
+        before that breaks the job's GPU records (launch/slurm.py). None: Slurm did nothing
+        in that time (or the time limit's warning came), so this launcher requeues."""
+        limit = node_down_wait_s(slurmd_timeout())
+        names = ", ".join(hosts)
+        print(f"waiting up to {limit:.0f}s for Slurm to mark {names} down and requeue the job")
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and self.late_signal != signal.SIGUSR1:
+            verdict = slurm_verdict(job_record(self.job), self.job.restart_count)
+            if verdict is not None:
+                return verdict
+            time.sleep(poll)
+        if self.late_signal == signal.SIGUSR1:
+            print("the time limit is near: requeueing now", flush=True)
+        else:
+            print(f"Slurm did not mark {names} down in {limit:.0f}s: requeueing", flush=True)
+        return None
