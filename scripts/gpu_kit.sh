@@ -29,6 +29,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 KIT="$ROOT/.gpu-kit"
 LIMIT_MIB=64
+BUILD_SETUPTOOLS="setuptools==84.2.1" # builds DeepSpeed's wheel (seen working with torch 2.13)
 
 die() {
     echo "gpu_kit: error: $*" >&2
@@ -58,11 +59,19 @@ prepare() {
     if [[ ${#build[@]} -gt 0 ]]; then
         # No ops compiled (they JIT-build on first use; HF's Trainer gives DeepSpeed a torch
         # optimizer): a pure-Python wheel. No build isolation: setup.py imports torch, which
-        # isolation would fetch again (gigabytes).
-        echo "building: ${build[*]} (DS_BUILD_OPS=0)"
-        DS_BUILD_OPS=0 "$py" -m pip wheel --quiet --disable-pip-version-check --no-deps \
-            --no-build-isolation --no-binary deepspeed -w "$KIT" "${build[@]}" \
-            2> >(grep -v "^WARNING: Location" >&2) >&2
+        # isolation would fetch again (gigabytes). A setuptools of its own: torch's
+        # BuildExtension passes keywords that setuptools 77's build_ext refuses (TypeError:
+        # use_ninja), and installing vLLM's CPU build puts 77 into .venv.
+        echo "building: ${build[*]} (DS_BUILD_OPS=0, $BUILD_SETUPTOOLS)"
+        local tools
+        tools="$(mktemp -d "${TMPDIR:-/tmp}/gpu-kit-setuptools.XXXXXX")"
+        "$py" -m pip install --quiet --disable-pip-version-check --no-deps --target "$tools" \
+            "$BUILD_SETUPTOOLS" 2> >(grep -v "^WARNING: Location" >&2)
+        DS_BUILD_OPS=0 PYTHONPATH="$tools" "$py" -m pip wheel --quiet \
+            --disable-pip-version-check --no-deps --no-build-isolation --no-binary deepspeed \
+            -w "$KIT" "${build[@]}" 2> >(grep -v "^WARNING: Location" >&2) >&2 ||
+            { rm -rf "$tools"; die "building ${build[*]} failed (above)"; }
+        rm -rf "$tools"
     fi
     [[ -z "$("$py" bench/gpu_kit/packages.py missing "$KIT")" ]] ||
         die "still missing after prepare: $("$py" bench/gpu_kit/packages.py missing "$KIT" | xargs)"
