@@ -75,7 +75,7 @@ nitpick_ignore_regex = [
     # Python standard library
     (
         r"py:.*",
-        r"(argparse|collections|contextlib|dataclasses|enum|os|pathlib|re|signal|"
+        r"(argparse|ast|collections|contextlib|dataclasses|enum|os|pathlib|re|signal|"
         r"socket|subprocess|threading|types|typing|json|logging)(\..*)?",
     ),
     (

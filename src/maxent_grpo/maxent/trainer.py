@@ -7,6 +7,7 @@ Overrides, and why:
   the gathered rewards and reference log-likelihoods, then keep this process's slice.
 - `_compute_loss`: the weighted log-likelihood replaces TRL's loss (so TRL's per-token KL
   penalty is never added); measure the KL to the reference and step the controllers.
+
 The controllers' state is registered (`maxent_controllers`, train/state.py): in every checkpoint.
 
 MaxEntGRPOTrainer adds the mixins of our GRPO trainer: complete checkpoints and vLLM weight sync.

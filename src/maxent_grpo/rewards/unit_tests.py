@@ -11,7 +11,7 @@ built-in applied to the program's answer (``set(f(x)) == set((4, 5))``) are eval
 with Python's own built-ins, never the program's. A top-level ``name = <literal expression>``
 the tests bind is evaluated here too, and is sent into the sandbox only where the tests need it
 there. Tests that cannot be judged this way (``assertRaises``, ``pytest.raises``, fixtures, no
-check at all) are marked :attr:`Prepared.unjudged`: they score 0.0 and are counted.
+check at all) are marked ``Prepared.unjudged``: they score 0.0 and are counted.
 
 :func:`verdict` reads the records with hard limits: any malformed record scores that program
 0.0; 1.0 needs every statement's ``done`` record, every site reported, every check holding.

@@ -15,6 +15,7 @@ The pipeline, one step deep, with every collective on the main thread:
 - the worker thread (main process only) sends step k+1's request while the trainers score and
   train step k. Only it talks to the server between syncs; a sync never overlaps a request,
   so every completion comes from one known policy version.
+
 A sample is `staleness` = (policy version trained) - (version that generated it) steps old:
 1 here (k-1 steps done at step k, generated from k-2), up to `vllm_sync_interval_steps`.
 Older than `max_staleness`, it is dropped (counted) and the step generates afresh. A step

@@ -33,6 +33,9 @@ logger = logging.getLogger("maxent_grpo")
 
 @dataclass(frozen=True)
 class StatePiece:
+    """One registered piece: its name, how to read it and restore it, and whether it differs
+    between processes."""
+
     name: str
     state_dict: Callable[[], dict]
     load_state_dict: Callable[[dict], None]
@@ -40,6 +43,8 @@ class StatePiece:
 
 
 class StateRegistry:
+    """The pieces of a trainer's state, by name; saves and restores them all."""
+
     def __init__(self) -> None:
         self._pieces: dict[str, StatePiece] = {}
 
