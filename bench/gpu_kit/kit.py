@@ -30,7 +30,7 @@ import kit_steps
 from kit_runs import Kit, one_line, stop_children
 
 STEPS = ("model", "warmup", "overhead", "signal", "oom", "maxent", "checkpointing", "zero2")
-FIXED_CAPS = {"model": {"gpu": 120, "cpu": 60}, "warmup": {"gpu": 150, "cpu": 60}}
+FIXED_CAPS = {"model": {"gpu": 120, "cpu": 120}, "warmup": {"gpu": 150, "cpu": 120}}
 NO_WARMUP_CAP = 600  # no cost measured: the kit's budget is the bound
 
 

@@ -135,14 +135,17 @@ def step_signal(kit: Kit) -> dict:
     recipe = kit.recipe("signal-part", **keys)
     out = kit.work / "runs" / "signal-part"
     stopped = stop_with_signal(kit, recipe, out)
+    part = stopped.pop("run")
     checkpoint = last_complete_checkpoint(out)
     stopped["checkpoint"] = checkpoint.name if checkpoint else None
     if stopped["exit"] != EXIT_CHECKPOINTED or checkpoint is None or run_is_complete(out):
         raise RuntimeError(f"no clean stop: {stopped}; {kit.failure('signal-part')}")
+    started = time.monotonic()
     code = kit.start("signal-resume", "training.sh", recipe).wait()
+    wall = round(time.monotonic() - started, 1)
     if code != 0 or not run_is_complete(out):
         raise RuntimeError(f"resume exited {code}: {kit.failure('signal-resume')}")
-    resumed = kit.figures("signal-resume", recipe)
+    resumed = {"side": "training.sh", "wall_s": wall, **kit.figures("signal-resume", recipe)}
     require_learning("signal-resume", resumed)
     same = compare_weights(kit.work / "runs" / name, out)
     at = int(checkpoint.name.rsplit("-", 1)[1])
@@ -160,7 +163,8 @@ def step_signal(kit: Kit) -> dict:
         "resumed_from": checkpoint.name,
         "resumed_steps": resumed["log_steps"],
         "moved": moved["max_abs_diff"],
-        "grad_norms": {"full": full["grad_norms"], "resumed": resumed["grad_norms"]},
+        "stopped_run": part,
+        "resumed_run": resumed,
         "full_determinism": keys["full_determinism"],
         "full_determinism_failed": full.get("full_determinism_failed"),
         **same,
@@ -169,8 +173,9 @@ def step_signal(kit: Kit) -> dict:
 
 def stop_with_signal(kit: Kit, recipe: Path, out: Path) -> dict:
     """Start training.sh, send SIGUSR1 once step 2 is done, and wait for its exit."""
+    started = time.monotonic()
     proc = kit.start("signal-part", "training.sh", recipe)
-    deadline = time.monotonic() + 300
+    deadline = started + 300
     while _steps_done(out) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     if proc.poll() is not None:
@@ -178,9 +183,11 @@ def stop_with_signal(kit: Kit, recipe: Path, out: Path) -> dict:
     proc.send_signal(signal.SIGUSR1)
     sent_at = _steps_done(out)
     code = proc.wait()
+    wall = time.monotonic() - started
     part = kit.figures("signal-part", recipe)
     require_learning("signal-part", part)
-    return {"signal_after_step": sent_at, "exit": code, "outcome": _outcomes(out)[-1:]}
+    found = {"signal_after_step": sent_at, "exit": code, "outcome": _outcomes(out)[-1:]}
+    return found | {"run": {"side": "training.sh", "wall_s": round(wall, 1), **part}}
 
 
 def _steps_done(output_dir: Path) -> int:

@@ -109,20 +109,24 @@ def summary(name: str, r: dict) -> str:
 
 
 def run_rows(steps: dict) -> list[tuple[str, dict]]:
-    """Every training run the steps made, labelled."""
+    """Every training run the steps made, labelled, in the order they ran."""
     rows = []
     for name, key, label in (
-        ("warmup", "run", "warm-up: ours, untimed"),
+        ("warmup", "run", "warm-up: ours, untimed (the signal step's uninterrupted run)"),
+        ("overhead", None, None),
+        ("signal", "stopped_run", "signal: stopped by SIGUSR1 (training.sh)"),
+        ("signal", "resumed_run", "signal: resumed (training.sh)"),
         ("maxent", "maxent", "MaxEnt-GRPO (python -m)"),
         ("checkpointing", "on", "gradient checkpointing on (python -m)"),
         ("zero2", "zero2", "DeepSpeed ZeRO-2 (training.sh)"),
     ):
-        run = steps.get(name, {}).get("result", {}).get(key)
-        if isinstance(run, dict):
-            rows.append((label, run))
-    runs = steps.get("overhead", {}).get("result", {}).get("runs", [])
-    abba = [(f"{SIDES[r['side']]}, run {i}", r) for i, r in enumerate(runs, 1)]
-    return rows[:1] + abba + rows[1:]
+        result = steps.get(name, {}).get("result", {})
+        if key is None:
+            runs = enumerate(result.get("runs", []), 1)
+            rows += [(f"{SIDES[r['side']]}, run {i}", r) for i, r in runs]
+        elif isinstance(result.get(key), dict):
+            rows.append((label, result[key]))
+    return rows
 
 
 def _min_grad(run: dict) -> str:
