@@ -8,24 +8,15 @@ import signal
 import sys
 from pathlib import Path
 
-from maxent_grpo import runs
 from maxent_grpo.errors import EXIT_USER_ERROR, UserError, error_report
-from maxent_grpo.evaluate.command import main as evaluate_main
 from maxent_grpo.launch.attempt import run_attempt
 from maxent_grpo.launch.launcher import RunRequest, prepare
 from maxent_grpo.launch.plan import parse_visible_devices
-from maxent_grpo.launch.requirements import checked_elsewhere, job_installs
-from maxent_grpo.launch.sbatch import (
-    planned_environment,
-    sbatch_command,
-    slurm_resources,
-    submit_sbatch,
-)
 from maxent_grpo.methods import METHODS
 from maxent_grpo.recipe.parser import load_recipe_file
-from maxent_grpo.recipe.problems import collecting
-from maxent_grpo.runs.plot import main as plot_main
 from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
+
+JOB_GPUS = 8  # GPUs per node of `sbatch` / `submit` without --gpus
 
 
 def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -62,12 +53,16 @@ def _planned(args):
     """The allocation to plan for: the one asked for, else this machine's."""
     if args.gpus is None:
         return None
+    from maxent_grpo.launch.sbatch import planned_environment  # plan, check, migrate only
+
     return planned_environment(args.nodes, args.gpus)
 
 
 def _add_allocation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    parser.add_argument(
+        "--gpus", type=int, default=JOB_GPUS, help=f"GPUs per node (default {JOB_GPUS})"
+    )
     parser.add_argument("--time", type=int, default=24 * 60, help="time limit in minutes")
     parser.add_argument(
         "--cpus-per-task",
@@ -192,6 +187,12 @@ def _add_migrate_command(sub) -> None:
     migrate.add_argument(
         "--method", choices=list(METHODS), default=None, help="as for check (default: the recipe's)"
     )
+    migrate.add_argument(
+        "--trl-version",
+        default=None,
+        help="the TRL version the recipe was written for (default: read from its source and "
+        "keys); defaults that changed since are written out with their old values",
+    )
     _add_planned_allocation_args(migrate)
 
 
@@ -238,11 +239,18 @@ def _request(args):
 
 
 def _run(args) -> int:
+    # Each command imports what only it needs: `run` (every attempt, every requeue) stays light.
     if args.command == "runs":
-        return runs.main(args.dirs, as_json=args.json, active_within=args.active_within * 60)
+        from maxent_grpo.runs import main as runs_main  # runs only
+
+        return runs_main(args.dirs, as_json=args.json, active_within=args.active_within * 60)
     if args.command == "plot":
+        from maxent_grpo.runs.plot import main as plot_main  # plot only
+
         return plot_main(args.run, args.out, args.csv, args.outputs)
     if args.command == "eval":
+        from maxent_grpo.evaluate.command import main as evaluate_main  # eval only
+
         request = _request(args)
         return evaluate_main(request, args.checkpoint, args.step, args.benchmark, args.queued)
     if args.command == "run":
@@ -256,6 +264,7 @@ def _run(args) -> int:
     if args.command == "migrate":
         return _migrate(args)
     if args.command == "submit":
+        from maxent_grpo.launch.sbatch import slurm_resources  # submit only
         from maxent_grpo.launch.submit import SubmitOptions, submit  # imports submitit
 
         job = submit(
@@ -273,6 +282,8 @@ def _run(args) -> int:
         print(f"submitted job {job.job_id}; submitit folder: {args.folder}/{job.job_id}")
         return 0
     if args.command == "sbatch":
+        from maxent_grpo.launch.sbatch import sbatch_command, submit_sbatch  # sbatch only
+
         command = sbatch_command(_request(args), args)
         job_id = submit_sbatch(_request(args), args, command)
         print(f"submitted job {job_id}: {' '.join(command)}")
@@ -296,19 +307,13 @@ def _server_summary(plan) -> str:
 
 def _check(request, environment) -> str:
     """`check`: the verdict on a recipe, with every problem at once (a ConfigProblems)."""
-    # full: the trainers' checks too (TRL's own included), which the launcher leaves to them.
-    visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
-    elsewhere = environment is not None and checked_elsewhere(len(environment.gpus), visible)
-    with collecting(request.recipe):
-        prepared = prepare(request, environment=environment, full=True, packages=not elsewhere)
+    from maxent_grpo.launch.sbatch import check_for  # check, migrate only
+
+    prepared, notes = check_for(request, environment)  # the verdict of sbatch and submit too
     plan = prepared.plan
-    notes = [f"note: {note}" for note in prepared.keys.notes]
-    notes += [f"note: idle GPUs: {line}" for line in plan.idle]
-    if elsewhere and (installs := job_installs(request.recipe, prepared.keys.values)):
-        notes.append(f"note: {installs}")
     return "\n".join(
         [
-            *notes,
+            *(f"note: {note}" for note in notes),
             f"ok: {request.recipe} is valid for {plan.train.num_processes} training process(es) "
             f"on {plan.device}; output_dir {prepared.keys.output_dir}" + _server_summary(plan),
         ]
@@ -319,12 +324,16 @@ def _migrate(args) -> int:
     """`migrate`: write the translated recipe, list what changed, then check the result."""
     from maxent_grpo.recipe.migration.engine import (  # migrate only
         behaviour_differences,
+        default_drift,
         migrate_text,
     )
 
     load_recipe_file(args.recipe)  # one line for a missing or malformed file
     text, changes = migrate_text(
-        Path(args.recipe).read_text(), args.recipe, args.gpus and args.gpus * args.nodes
+        Path(args.recipe).read_text(),
+        args.recipe,
+        args.gpus and args.gpus * args.nodes,
+        trl_version=args.trl_version,
     )
     Path(args.out).write_text(text)
     left_out = [c for c in changes if c.left_out]
@@ -338,13 +347,38 @@ def _migrate(args) -> int:
     if differences:
         print(f"behaviour differences: this run trains differently from {args.recipe} in:")
         print("\n".join(f"  - {line}" for line in differences))
+    if drift := default_drift(changes):
+        print(f"defaults that changed since {args.recipe}'s TRL, written out with the old value:")
+        print("\n".join(f"  - {line}" for line in drift))
+    environment, note = _migrate_target(args)
     try:
-        print(_check(RunRequest(recipe=args.out, method=args.method), _planned(args)))
+        print(note or "", end="\n" if note else "")
+        print(_check(RunRequest(recipe=args.out, method=args.method), environment))
     except UserError as exc:
         print(error_report(exc), file=sys.stderr)
         print(f"{args.out} still fails check: fix the lines above by hand", file=sys.stderr)
         return EXIT_USER_ERROR
     return 0
+
+
+def _migrate_target(args):
+    """The allocation migrate checks its output for, and a note: --gpus N; else this machine,
+    unless it sees no GPU and the recipe runs vLLM on GPUs: then one node of JOB_GPUS, the
+    verdict `sbatch` would give (what this machine lacks is no fault of the translation)."""
+    if args.gpus is not None or parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES")):
+        return _planned(args), None
+    from maxent_grpo.launch.requirements import recipe_values
+    from maxent_grpo.launch.sbatch import planned_environment
+    from maxent_grpo.recipe.needs import recipe_needs
+
+    _, values = recipe_values(args.out)
+    if not any(need.extra == "vllm" for need in recipe_needs(values)):
+        return None, None
+    note = (
+        f"note: this machine sees no GPU and {args.out} runs vLLM on GPUs: checked for one node "
+        f"of {JOB_GPUS} GPUs, as maxent-grpo sbatch queues it (give --gpus N for yours)"
+    )
+    return planned_environment(1, JOB_GPUS), note
 
 
 def _record_stop_signals() -> list[int]:
