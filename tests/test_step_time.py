@@ -99,6 +99,31 @@ def test_the_mixin_splits_one_optimizer_step():
     assert trainer._step_parts == {}  # the next step starts from zero
 
 
+class AsyncFakeTRL(FakeTRL):
+    """async_generation reports the server's own request time from inside _generate."""
+
+    def _generate(self, prompts):
+        self.add_step_time("server_generation", 0.04)
+        return super()._generate(prompts)
+
+
+class AsyncTrainer(StepTimeMixin, AsyncFakeTRL):
+    pass
+
+
+def test_with_async_generation_the_server_busy_share_is_its_request_time():
+    trainer = AsyncTrainer()
+    (clock,) = trainer.callbacks
+    clock.on_step_begin(None, None, None)
+    trainer.training_step(None, [1], 1)
+    clock.on_step_end(None, None, None)
+    m = {k: v[0] for k, v in trainer._metrics["train"].items()}
+    # The trainers' wait is what _generate took; the server's request time is not taken off it.
+    assert m["time/generation_s"] >= 0.045
+    assert 0 < m["time/trainer_busy"] < 1
+    assert m["time/server_busy"] == pytest.approx((0.04 + 0.01) / m["time/step_s"])
+
+
 STEP = {
     "time/generation_s": 2.0,
     "time/rewards_s": 0.2,

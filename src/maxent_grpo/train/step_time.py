@@ -115,13 +115,16 @@ class StepTimeMixin:
         self._step_parts.clear()
         self._step_started = None
 
+    def _parts_s(self) -> float:
+        return sum(self._step_parts.get(part, 0.0) for part in PARTS)
+
     def _generate(self, *args, **kwargs):
-        before = sum(self._step_parts.values())
+        before = self._parts_s()
         start = time.perf_counter()
         with timed("generation"):
             result = super()._generate(*args, **kwargs)
         # the weight sync and the server's start TRL waits for inside _generate are their own
-        inner = sum(self._step_parts.values()) - before
+        inner = self._parts_s() - before
         self.add_step_time("generation", time.perf_counter() - start - inner)
         return result
 

@@ -1,0 +1,153 @@
+"""async_generation against TRL's synchronous loop, on one vLLM CPU server.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_async.py [--steps 16] [--rounds 1]
+
+One server (the plan's command, started once) serves every run; 2 training processes. Each
+case runs the same recipe, seed and number of completions both ways, alternated ABBA after an
+untimed warm-up (vLLM's first generations). Per run: the median step time over the steps after
+the first three (which pay the trainers' start and the pipeline's fill), the trainers' and the
+server's busy shares on the median step (time/trainer_busy, time/server_busy), staleness, and
+the reward per completion generated (the reward curve, from events.jsonl).
+
+Cases:
+- smoke: recipes/smoke/config_grpo_vllm.yaml as it is (32-token completions);
+- balanced: 8-token completions, where generation and training take about the same time in
+  the synchronous run (read from its time/generation_s and time/training_s): there the async
+  step should approach the longer of the two, not their sum.
+On CPU the server and the trainers share two cores, so the overlap is bounded by the cores,
+not only by the pipeline: the figures show what the pipeline does, GPUs decide what it buys.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchlib import (
+    PYTHON,
+    SMOKE_VLLM,
+    bench_parser,
+    child_env,
+    figure,
+    median,
+    print_figures,
+    write_recipe,
+    write_result,
+)
+
+CASES = {"smoke": {}, "balanced": {"max_completion_length": 8}}
+
+
+def step_metrics(output_dir: Path) -> dict[int, dict]:
+    found = {}
+    for line in (output_dir / "events.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        if event.get("event") == "step" and "loss" in event.get("metrics", {}):
+            found[int(event["step"])] = event["metrics"]
+    return found
+
+
+def summary(steps: dict[int, dict], completions_per_step: int) -> dict:
+    timed = [m for s, m in sorted(steps.items()) if s > 3]
+    step_s = [m["time/step_s"] for m in timed]
+    middle = sorted(timed, key=lambda m: m["time/step_s"])[len(timed) // 2]
+    return {
+        "median_step_s": median(step_s),
+        "min_step_s": min(step_s),
+        "generation_s": median([m["time/generation_s"] for m in timed]),
+        "training_s": median([m["time/training_s"] for m in timed]),
+        "trainer_busy": middle.get("time/trainer_busy"),
+        "server_busy": middle.get("time/server_busy"),
+        "staleness_max": max((m.get("async/staleness_max", 0.0) for m in timed), default=0.0),
+        "reward_per_completions": [
+            (s * completions_per_step, m["reward"]) for s, m in sorted(steps.items())
+        ],
+    }
+
+
+def run_once(workdir: Path, name: str, base: Path, plan_for, keys: dict) -> dict:
+    folder = workdir / name
+    recipe = write_recipe(folder, base=base, **keys)
+    command, env = plan_for(recipe)  # its host and port are the shared server's
+    started = time.monotonic()
+    result = subprocess.run(
+        command, env=child_env(**env), capture_output=True, text=True, timeout=900
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    steps = step_metrics(folder / "out")
+    per_step = keys["per_device_train_batch_size"] * 2
+    return {"wall_s": time.monotonic() - started, **summary(steps, per_step)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds per case")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from maxent_grpo.launch.plan import Environment, Ports, make_plan
+    from maxent_grpo.launch.processes import free_port
+    from maxent_grpo.launch.server import VLLMServer
+    from maxent_grpo.recipe import read_recipe
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-async-"))
+    ports = Ports(vllm=free_port(), vllm_group=free_port(), main_process=free_port())
+    environment = Environment(python=PYTHON, cpu_processes=2)
+
+    def plan_for(recipe: Path):
+        plan = make_plan(environment, read_recipe(["--config", str(recipe)]), ports)
+        return list(plan.train.command), dict(plan.train.env)
+
+    base_keys = dict(max_steps=args.steps, save_strategy="no", per_device_train_batch_size=4)
+    first = write_recipe(workdir / "server", base=SMOKE_VLLM, **base_keys)
+    plan = make_plan(environment, read_recipe(["--config", str(first)]), ports)
+    server = VLLMServer(plan.server, workdir / "vllm.log", child_env()).start()
+    results: dict[str, dict] = {}
+    try:
+        server.wait_until_healthy()
+        run_once(workdir, "warmup", SMOKE_VLLM, plan_for, {**base_keys, "max_steps": 4})
+        for case, extra in CASES.items():
+            runs: dict[str, list[dict]] = {"sync": [], "async": []}
+            order = ["sync", "async", "async", "sync"] * args.rounds
+            for i, side in enumerate(order):
+                keys = {**base_keys, **extra, "async_generation": side == "async"}
+                runs[side].append(
+                    run_once(workdir, f"{case}-{side}-{i}", SMOKE_VLLM, plan_for, keys)
+                )
+                print(f"{case} {side}: {runs[side][-1]['median_step_s']:.3f} s/step", flush=True)
+            results[case] = runs
+    finally:
+        server.stop()
+    figures = []
+    for case, runs in results.items():
+        sync = statistics.median(r["median_step_s"] for r in runs["sync"])
+        fast = statistics.median(r["median_step_s"] for r in runs["async"])
+        gen = statistics.median(r["generation_s"] for r in runs["sync"])
+        train = statistics.median(r["training_s"] for r in runs["sync"])
+        busiest = max(runs["async"][0]["trainer_busy"] or 0, runs["async"][0]["server_busy"] or 0)
+        figures += [
+            figure(f"{case}: sync median step", sync, "s"),
+            figure(f"{case}: async median step", fast, "s"),
+            figure(f"{case}: steps per hour async / sync", sync / fast, "x", is_ratio=True),
+            figure(
+                f"{case}: step async / sync",
+                fast / sync,
+                "x",
+                target=max(gen, train) / (gen + train) + 0.10,
+                note=f"sync split: generation {gen:.3f} s, training {train:.3f} s",
+            ),
+            figure(f"{case}: busier side's share on the median async step", busiest, "x"),
+        ]
+    print_figures(figures)
+    write_result("async", {"figures": figures, "runs": results, "steps": args.steps}, args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
