@@ -145,11 +145,12 @@ def fake_sbatch(tmp_path: Path, monkeypatch) -> Path:
 def test_missing_peft_stops_check_and_sbatch_before_queueing(
     command, tmp_path, tiny_model, monkeypatch, capsys
 ):
+    """On a machine that sees the GPUs it plans for, both are strict (the job runs here)."""
     path = write_recipe(tmp_path, model_name_or_path=str(tiny_model), use_peft=True)
     called = fake_sbatch(tmp_path, monkeypatch)
     hide(monkeypatch, "peft")
-    extra = ["--gpus", "1"] if command == "sbatch" else []
-    assert cli.main([command, "--config", str(path), *extra]) == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert cli.main([command, "--config", str(path), "--gpus", "1"]) == 2
     err = capsys.readouterr().err
     assert err.splitlines() == [
         f"error: {path}: use_peft: true needs peft, which the environment at {sys.prefix} "
@@ -175,7 +176,9 @@ def test_missing_deepspeed_stops_submit_before_submitit(tmp_path, tiny_model, mo
     zero2 = str(CONFIGS / "zero2.yaml")
     path = write_recipe(tmp_path, model_name_or_path=str(tiny_model), accelerate_config=zero2)
     monkeypatch.setattr(submitit, "AutoExecutor", lambda **kw: pytest.fail("job was queued"))
+    fake_sbatch(tmp_path, monkeypatch)
     hide(monkeypatch, "deepspeed")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # on the GPU node: strict
     assert cli.main(["submit", "--config", str(path), "--gpus", "1"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert f"accelerate_config: {zero2} (DeepSpeed) needs deepspeed" in line
@@ -205,3 +208,89 @@ def test_check_and_plan_of_the_vllm_smoke_recipe_in_this_environment(tiny_model)
     )
     assert plan.returncode == 0, plan.stderr
     assert "vllm server: node localhost, CPU" in plan.stdout
+
+
+# --- one verdict: check, sbatch, submit, migrate and the job (issue 42 item 4) ----------------
+
+# the project's GPU recipe, as open-r1's recipes write it
+FLASH_QWEN = QWEN.read_text().replace(
+    "attn_implementation: sdpa", "attn_implementation: flash_attention_2"
+)
+
+
+def login_node(tmp_path, monkeypatch) -> Path:
+    """No GPU, no vLLM, no flash-attn, an `sbatch` on PATH; returns the file sbatch writes."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("vllm", "flash_attn") else real(name, *a),
+    )
+    monkeypatch.chdir(REPO)  # the recipe's accelerate_config is relative to the checkout
+    return fake_sbatch(tmp_path, monkeypatch)
+
+
+def test_check_sbatch_and_migrate_accept_the_gpu_recipe_on_a_login_node(
+    tmp_path, monkeypatch, capsys
+):
+    called = login_node(tmp_path, monkeypatch)
+    assert cli.main(["check", "--config", str(QWEN), "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "this machine lacks vllm (vllm_mode: server)" in out and "ok: " in out
+    assert cli.main(["sbatch", "--config", str(QWEN), "--gpus", "8"]) == 0
+    assert "submitted job 42" in capsys.readouterr().out and called.exists()
+    # migrate without --gpus: checked as sbatch would queue it, not for this GPU-less machine
+    out_file = tmp_path / "m.yaml"
+    assert cli.main(["migrate", str(QWEN), "-o", str(out_file)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "this machine sees no GPU" in out and "7 training process(es) on gpu" in out
+
+
+def test_flash_attention_is_refused_alike_and_migrate_offers_sdpa(tmp_path, monkeypatch, capsys):
+    called = login_node(tmp_path, monkeypatch)
+    recipe = tmp_path / "flash.yaml"
+    recipe.write_text(FLASH_QWEN)
+    errors = []
+    for command in ("check", "sbatch"):
+        assert cli.main([command, "--config", str(recipe), "--gpus", "8"]) == 2
+        errors.append(capsys.readouterr().err)
+    assert errors[0] == errors[1] and not called.exists()
+    assert (
+        f"error: {recipe}: key 'attn_implementation' ('flash_attention_2') needs flash_attn, "
+        f"which the environment at {sys.prefix} lacks and no extra of this toolkit installs; "
+        "set attn_implementation: sdpa"
+    ) in errors[0]
+    assert "vllm" not in errors[0]  # still deferred to the job
+    out_file = tmp_path / "m.yaml"
+    assert cli.main(["migrate", str(recipe), "-o", str(out_file), "--gpus", "8"]) == 0
+    assert "attn_implementation: flash_attention_2 -> sdpa" in capsys.readouterr().out
+    assert "attn_implementation: sdpa" in out_file.read_text().splitlines()
+    assert cli.main(["sbatch", "--config", str(out_file), "--gpus", "8"]) == 0
+
+
+def test_sbatch_and_submit_look_for_slurm_before_the_recipe(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch
+    for command in ("sbatch", "submit"):
+        assert cli.main([command, "--config", str(tmp_path / "missing.yaml")]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"error: maxent-grpo {command}: sbatch is not on PATH"), line
+
+
+def test_an_import_error_at_trainer_start_is_a_user_error_with_the_fix(
+    tmp_path, tiny_model, monkeypatch, capsys
+):
+    from maxent_grpo import train_process
+
+    path = write_recipe(
+        tmp_path, model_name_or_path=str(tiny_model), attn_implementation="flash_attention_2"
+    )
+
+    def no_flash(*args, **kwargs):
+        raise ImportError("the package for FlashAttention2 doesn't seem to be installed.")
+
+    monkeypatch.setattr(train_process, "train", no_flash)
+    assert train_process.cli_main(["--config", str(path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {path}: key 'attn_implementation' ('flash_attention_2'): ")
+    assert "set attn_implementation: sdpa" in line

@@ -14,8 +14,9 @@ from maxent_grpo.launch.launcher import RunRequest, prepare
 from maxent_grpo.launch.plan import parse_visible_devices
 from maxent_grpo.methods import METHODS
 from maxent_grpo.recipe.parser import load_recipe_file
-from maxent_grpo.recipe.problems import collecting
 from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
+
+JOB_GPUS = 8  # GPUs per node of `sbatch` / `submit` without --gpus
 
 
 def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +60,9 @@ def _planned(args):
 
 def _add_allocation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    parser.add_argument(
+        "--gpus", type=int, default=JOB_GPUS, help=f"GPUs per node (default {JOB_GPUS})"
+    )
     parser.add_argument("--time", type=int, default=24 * 60, help="time limit in minutes")
     parser.add_argument(
         "--cpus-per-task",
@@ -184,6 +187,12 @@ def _add_migrate_command(sub) -> None:
     migrate.add_argument(
         "--method", choices=list(METHODS), default=None, help="as for check (default: the recipe's)"
     )
+    migrate.add_argument(
+        "--trl-version",
+        default=None,
+        help="the TRL version the recipe was written for (default: read from its source and "
+        "keys); defaults that changed since are written out with their old values",
+    )
     _add_planned_allocation_args(migrate)
 
 
@@ -298,21 +307,13 @@ def _server_summary(plan) -> str:
 
 def _check(request, environment) -> str:
     """`check`: the verdict on a recipe, with every problem at once (a ConfigProblems)."""
-    from maxent_grpo.launch.requirements import checked_elsewhere, job_installs  # check only
+    from maxent_grpo.launch.sbatch import check_for  # check, migrate only
 
-    # full: the trainers' checks too (TRL's own included), which the launcher leaves to them.
-    visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
-    elsewhere = environment is not None and checked_elsewhere(len(environment.gpus), visible)
-    with collecting(request.recipe):
-        prepared = prepare(request, environment=environment, full=True, packages=not elsewhere)
+    prepared, notes = check_for(request, environment)  # the verdict of sbatch and submit too
     plan = prepared.plan
-    notes = [f"note: {note}" for note in prepared.keys.notes]
-    notes += [f"note: idle GPUs: {line}" for line in plan.idle]
-    if elsewhere and (installs := job_installs(request.recipe, prepared.keys.values)):
-        notes.append(f"note: {installs}")
     return "\n".join(
         [
-            *notes,
+            *(f"note: {note}" for note in notes),
             f"ok: {request.recipe} is valid for {plan.train.num_processes} training process(es) "
             f"on {plan.device}; output_dir {prepared.keys.output_dir}" + _server_summary(plan),
         ]
@@ -323,12 +324,16 @@ def _migrate(args) -> int:
     """`migrate`: write the translated recipe, list what changed, then check the result."""
     from maxent_grpo.recipe.migration.engine import (  # migrate only
         behaviour_differences,
+        default_drift,
         migrate_text,
     )
 
     load_recipe_file(args.recipe)  # one line for a missing or malformed file
     text, changes = migrate_text(
-        Path(args.recipe).read_text(), args.recipe, args.gpus and args.gpus * args.nodes
+        Path(args.recipe).read_text(),
+        args.recipe,
+        args.gpus and args.gpus * args.nodes,
+        trl_version=args.trl_version,
     )
     Path(args.out).write_text(text)
     left_out = [c for c in changes if c.left_out]
@@ -342,13 +347,38 @@ def _migrate(args) -> int:
     if differences:
         print(f"behaviour differences: this run trains differently from {args.recipe} in:")
         print("\n".join(f"  - {line}" for line in differences))
+    if drift := default_drift(changes):
+        print(f"defaults that changed since {args.recipe}'s TRL, written out with the old value:")
+        print("\n".join(f"  - {line}" for line in drift))
+    environment, note = _migrate_target(args)
     try:
-        print(_check(RunRequest(recipe=args.out, method=args.method), _planned(args)))
+        print(note or "", end="\n" if note else "")
+        print(_check(RunRequest(recipe=args.out, method=args.method), environment))
     except UserError as exc:
         print(error_report(exc), file=sys.stderr)
         print(f"{args.out} still fails check: fix the lines above by hand", file=sys.stderr)
         return EXIT_USER_ERROR
     return 0
+
+
+def _migrate_target(args):
+    """The allocation migrate checks its output for, and a note: --gpus N; else this machine,
+    unless it sees no GPU and the recipe runs vLLM on GPUs: then one node of JOB_GPUS, the
+    verdict `sbatch` would give (what this machine lacks is no fault of the translation)."""
+    if args.gpus is not None or parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES")):
+        return _planned(args), None
+    from maxent_grpo.launch.requirements import recipe_values  # migrate only
+    from maxent_grpo.launch.sbatch import planned_environment  # migrate only
+    from maxent_grpo.recipe.needs import recipe_needs  # migrate only
+
+    _, values = recipe_values(args.out)
+    if not any(need.extra == "vllm" for need in recipe_needs(values)):
+        return None, None
+    note = (
+        f"note: this machine sees no GPU and {args.out} runs vLLM on GPUs: checked for one node "
+        f"of {JOB_GPUS} GPUs, as maxent-grpo sbatch queues it (give --gpus N for yours)"
+    )
+    return planned_environment(1, JOB_GPUS), note
 
 
 def _record_stop_signals() -> list[int]:

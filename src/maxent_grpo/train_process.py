@@ -15,6 +15,7 @@ from maxent_grpo.evaluate.schedule import after_training, make_callback
 from maxent_grpo.methods import METHODS
 from maxent_grpo.preflight import check_recipe
 from maxent_grpo.recipe import build_recipe, read_recipe
+from maxent_grpo.recipe.needs import import_error_line
 from maxent_grpo.recipe.parser import take_flag
 from maxent_grpo.train.entry import StoppedForRequeue, train
 from maxent_grpo.train.unused_libraries import mark_unused_libraries_absent
@@ -43,6 +44,7 @@ def cli_main(argv: list[str], method: str | None = None) -> int:
     method: the entry script's (src/grpo.py: grpo), `--method`, or None for the recipe's.
     """
     world_size = world_size_from(os.environ)
+    keys = None
     try:
         keys = read_recipe(argv, method)  # no TRL yet
         mark_unused_libraries_absent(keys)
@@ -56,6 +58,10 @@ def cli_main(argv: list[str], method: str | None = None) -> int:
         after_training(recipe)  # benchmarks: queue (slurm) or run (inline) what is still due
     except UserError as exc:
         print(error_report(exc), file=sys.stderr)
+        return EXIT_USER_ERROR
+    except ImportError as exc:  # a package the recipe asks for (flash-attn): the user's to fix
+        path, values = (keys.path, keys.values) if keys else ("the recipe", {})
+        print(f"error: {import_error_line(path, values, exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except StoppedForRequeue:
         # One process: a distinct code. Under accelerate/torchrun a non-zero rank would make

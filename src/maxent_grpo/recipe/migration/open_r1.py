@@ -75,6 +75,12 @@ ROWS = (
         why="removed; TRL 1.16 has no Liger GRPO loss (use_liger_kernel only patches the model's "
         "kernels, and is deprecated)",
     ),
+    Rows("accelerate").remove(
+        "zero3_save_16bit_model",
+        why="a DeepSpeed ZeRO-3 option of the accelerate config file, not of the recipe "
+        "(deepspeed_config: zero3_save_16bit_model: true gathers 16-bit weights when saving); "
+        "recipes/accelerate_configs/zero3.yaml sets it: name that file in accelerate_config",
+    ),
     TRL.rename(
         "wandb_log_unique_prompts", to="log_unique_prompts", why="renamed to log_unique_prompts"
     ),
@@ -274,7 +280,19 @@ def _has_unknown_benchmark(benchmarks: Any) -> bool:
     return any(isinstance(b, str) and b not in BUILTIN_BENCHMARK_NAMES for b in entries)
 
 
+def _top_k_off(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value < 0)
+
+
 VALUE_CHANGES = (
+    ValueChange(
+        "top_k",
+        "-1 or null (top-k off in TRL before v0.27 and in vLLM)",
+        "0",
+        "TRL v0.27 made 0 the value that turns top-k off (-1 is refused)",
+        _top_k_off,
+        lambda value: 0,
+    ),
     ValueChange(
         "code_provider",
         "e2b, morph",
