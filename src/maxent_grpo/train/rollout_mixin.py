@@ -139,10 +139,14 @@ class RolloutMixin:
         )
 
     def _sum_over_processes(self, values: list[float]) -> list[float]:
+        if self.accelerator.num_processes == 1:  # no collective, no device round trip
+            return [float(v) for v in values]
         local = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
         return self.accelerator.reduce(local, reduction="sum").tolist()
 
     def _max_over_processes(self, value: int) -> int:
+        if self.accelerator.num_processes == 1:
+            return int(value)
         local = torch.tensor([value], device=self.accelerator.device)
         return int(self.accelerator.gather(local).max().item())
 
