@@ -179,12 +179,14 @@ class AsyncGenerationMixin:
 
     # ---- a step's first generation ---------------------------------------------------------
 
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, *a):
+    def _generate_single_turn(
+        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
+    ):
         step = self.state.global_step + 1
         first = self._async_on and self.model.training and self._async_step != step
         if not first or images is not None:  # later rounds, tool turns, eval: TRL's
             return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, *a
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
         self._async_step = step
         item, self._pending = self._pending, None
@@ -201,7 +203,7 @@ class AsyncGenerationMixin:
             result = self._local_slice(decision["payload"], prompt_ids, item)
         else:
             result = super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, *a
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
         self._send_next()
         return result
