@@ -3,9 +3,9 @@
 The CPU runs (marker gpukit, `make test-gpu-kit`) run every step of the kit on the tiny model
 and check the table and the JSON, so the kit cannot rot between GPU loans, and run its signal
 step once more with resume broken (the failpoint resume_restart: the trainer starts from
-scratch instead of resuming), which must fail. The two kit runs go side by side (about 1.5
-min). They run only with MAXENT_GRPO_GPU_KIT_TESTS=1 (the Makefile target sets it): `make
-test` skips them. The other tests are quick, offline, and in the default suite.
+scratch instead of resuming), which must fail. The two kit runs go side by side (about 2
+min on a quiet machine). They run only with MAXENT_GRPO_GPU_KIT_TESTS=1 (the Makefile target
+sets it): `make test` skips them. The other tests are quick, offline, and in the default suite.
 """
 
 from __future__ import annotations
