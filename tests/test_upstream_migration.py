@@ -220,3 +220,34 @@ def test_check_for_gpus_on_a_machine_without_them_notes_what_the_job_installs(
     assert "the job's environment installs it" in out
     code, out, err = run_cli(capsys, "check", "--config", str(recipe))
     assert code == 2 and "lacks; install it with" in err
+
+
+@pytest.mark.parametrize(
+    ("batch", "expected"),
+    [
+        ("gradient_accumulation_steps: 7\n", {"gradient_accumulation_steps": 6}),
+        ("gradient_accumulation_steps: 8\n", {"num_processes": 6}),
+    ],
+)
+def test_upstream_batch_keys_are_fitted_to_the_planned_processes(
+    batch, expected, workdir, vllm_installed, capsys
+):
+    """Issue 42 item 3: upstream trained on 6 processes (server on GPU 0, GPUs 1-6); its keys
+    for 4 x 6 x GA completions in groups of 12 do not divide on 7 (8 GPUs, one serves)."""
+    source = (FIXTURES / "upstream_maxent/maxent_entropy_bonus.yaml").read_text()
+    source = source.replace("gradient_accumulation_steps: 32\n", batch)
+    source = source.replace("num_generations: 4\n", "num_generations: 12\n")
+    recipe = workdir / "held_out.yaml"
+    recipe.write_text(source)
+    code, _, err = run_cli(capsys, "check", "--config", str(recipe), "--gpus", "8")
+    assert code != 0
+    migrated = workdir / "migrated.yaml"
+    code, out, err = run_cli(capsys, "migrate", str(recipe), "-o", str(migrated), "--gpus", "8")
+    assert code == 0, out + err
+    data = yaml.safe_load(migrated.read_text())
+    for key, value in expected.items():
+        assert data[key] == value, key
+    per_step = data["per_device_train_batch_size"] * data["gradient_accumulation_steps"]
+    processes = data.get("num_processes", 7)
+    assert per_step * processes == 4 * 6 * int(batch.split(": ")[1])  # upstream's per step
+    assert f"{processes} training process(es)" in out

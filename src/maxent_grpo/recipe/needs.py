@@ -100,7 +100,7 @@ def recipe_needs(values: Mapping[str, Any]) -> list[Need]:
 def import_error_line(path: str, values: Mapping[str, Any], exc: ImportError) -> str:
     """What a trainer that could not import a package at start tells the user: the package,
     and the recipe key that asked for it with its fix (a user error, not a crash to resume)."""
-    text = " ".join(str(exc).split()) or f"No module named {exc.name!r}"
+    text = " ".join(str(exc).split()).rstrip(".") or f"No module named {exc.name!r}"
     attention = values.get("attn_implementation")
     if attention in ATTENTION_PACKAGES:
         return (

@@ -26,6 +26,7 @@ from maxent_grpo.recipe.migration.edits import (
 )
 from maxent_grpo.recipe.migration.era import era_pins, recipe_era
 from maxent_grpo.recipe.migration.kinds import REMOVE, Migration, ValueChange
+from maxent_grpo.recipe.migration.layout import fit_layout
 from maxent_grpo.recipe.migration.open_r1 import DEFAULT_CHANGES
 from maxent_grpo.recipe.migration.upstream import ORIGIN as UPSTREAM
 from maxent_grpo.recipe.needs import ATTENTION_FALLBACK, ATTENTION_PACKAGES
@@ -238,7 +239,10 @@ def migrate_text(
             _change_value(edits, key, recipe, rule)
             handled.add(name)
     rules.migrate_rewards(edits, keys, recipe)
-    rules.fixed_kl(edits, keys, recipe, _processes(recipe, gpus))
+    processes = _processes(recipe, gpus)
+    if upstream and gpus is not None:  # upstream's batch keys were written for 6 trainers
+        processes = fit_layout(edits, keys, recipe, processes)
+    rules.fixed_kl(edits, keys, recipe, processes)
     method = _method(recipe)
     if method == "maxent":
         _maxent_beta(edits, keys, recipe)
