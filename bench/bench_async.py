@@ -2,7 +2,10 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_async.py [--steps 16] [--rounds 1]
 
-One server (the plan's command, started once) serves every run; 2 training processes. Each
+One server (the plan's command, started once) serves every run; 1 training process by default
+(`--processes`): the server and one trainer each keep one of this machine's two cores busy, so
+the overlap is not bounded by the cores (with 2 trainers, 3 busy processes share 2 cores and
+the step cannot fall below their CPU seconds / 2, whatever the pipeline does). Each
 case runs the same recipe, seed and number of completions both ways, alternated ABBA after an
 untimed warm-up (vLLM's first generations). Per run: the median step time over the steps after
 the first three (which pay the trainers' start and the pipeline's fill), the trainers' and the
@@ -14,8 +17,8 @@ Cases:
 - balanced: 8-token completions, where generation and training take about the same time in
   the synchronous run (read from its time/generation_s and time/training_s): there the async
   step should approach the longer of the two, not their sum.
-On CPU the server and the trainers share two cores, so the overlap is bounded by the cores,
-not only by the pipeline: the figures show what the pipeline does, GPUs decide what it buys.
+On GPUs the server and the trainers have their own devices; here the figures show what the
+pipeline does with one core each.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def summary(steps: dict[int, dict], completions_per_step: int) -> dict:
     }
 
 
-def run_once(workdir: Path, name: str, base: Path, plan_for, keys: dict) -> dict:
+def run_once(workdir: Path, name: str, base: Path, plan_for, keys: dict, processes: int) -> dict:
     folder = workdir / name
     recipe = write_recipe(folder, base=base, **keys)
     command, env = plan_for(recipe)  # its host and port are the shared server's
@@ -81,7 +84,7 @@ def run_once(workdir: Path, name: str, base: Path, plan_for, keys: dict) -> dict
     if result.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     steps = step_metrics(folder / "out")
-    per_step = keys["per_device_train_batch_size"] * 2
+    per_step = keys["per_device_train_batch_size"] * processes
     return {"wall_s": time.monotonic() - started, **summary(steps, per_step)}
 
 
@@ -89,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds per case")
+    parser.add_argument("--processes", type=int, default=1, help="training processes")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from maxent_grpo.launch.plan import Environment, Ports, make_plan
@@ -98,27 +102,34 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-async-"))
     ports = Ports(vllm=free_port(), vllm_group=free_port(), main_process=free_port())
-    environment = Environment(python=PYTHON, cpu_processes=2)
+    environment = Environment(python=PYTHON, cpu_processes=args.processes)
 
     def plan_for(recipe: Path):
         plan = make_plan(environment, read_recipe(["--config", str(recipe)]), ports)
         return list(plan.train.command), dict(plan.train.env)
 
-    base_keys = dict(max_steps=args.steps, save_strategy="no", per_device_train_batch_size=4)
+    # The smoke recipe's 8 completions a step (2 groups of 4), on any process count.
+    per_device = 8 // args.processes
+    base_keys = dict(
+        max_steps=args.steps, save_strategy="no", per_device_train_batch_size=per_device
+    )
     first = write_recipe(workdir / "server", base=SMOKE_VLLM, **base_keys)
     plan = make_plan(environment, read_recipe(["--config", str(first)]), ports)
     server = VLLMServer(plan.server, workdir / "vllm.log", child_env()).start()
     results: dict[str, dict] = {}
     try:
         server.wait_until_healthy()
-        run_once(workdir, "warmup", SMOKE_VLLM, plan_for, {**base_keys, "max_steps": 4})
+        warmup = {**base_keys, "max_steps": 4}
+        run_once(workdir, "warmup", SMOKE_VLLM, plan_for, warmup, args.processes)
         for case, extra in CASES.items():
             runs: dict[str, list[dict]] = {"sync": [], "async": []}
             order = ["sync", "async", "async", "sync"] * args.rounds
             for i, side in enumerate(order):
                 keys = {**base_keys, **extra, "async_generation": side == "async"}
                 runs[side].append(
-                    run_once(workdir, f"{case}-{side}-{i}", SMOKE_VLLM, plan_for, keys)
+                    run_once(
+                        workdir, f"{case}-{side}-{i}", SMOKE_VLLM, plan_for, keys, args.processes
+                    )
                 )
                 print(f"{case} {side}: {runs[side][-1]['median_step_s']:.3f} s/step", flush=True)
             results[case] = runs
@@ -145,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             figure(f"{case}: busier side's share on the median async step", busiest, "x"),
         ]
     print_figures(figures)
-    write_result("async", {"figures": figures, "runs": results, "steps": args.steps}, args.output)
+    settings = {"steps": args.steps, "processes": args.processes}
+    write_result("async", {"figures": figures, "runs": results, **settings}, args.output)
     return 0
 
 

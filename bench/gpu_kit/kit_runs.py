@@ -94,7 +94,8 @@ class Kit:
 
     def command(self, side: str, recipe: Path) -> tuple[list[str], dict]:
         if side == "training.sh":
-            return ["bash", "training.sh"], {"RECIPE": str(recipe)}
+            logs = ["--logs-dir", str(self.work / "logs")]  # not the checkout's logs/
+            return ["bash", "training.sh", *logs], {"RECIPE": str(recipe)}
         if side == "module":
             return [self.python, "-m", "maxent_grpo.train", "--config", str(recipe)], {}
         if side == "bare":

@@ -45,7 +45,9 @@ class LauncherKeys:
             "and per generation) or without an answer from the vLLM server's /health, after "
             "which the launcher counts the run as hung: it dumps every stack into the log, "
             "stops everything and requeues (a transient failure, counted in max_requeues). "
-            "Before a process's first heartbeat (imports, model loading) at least 300. "
+            "Until a process has finished its first step (imports, model loading, "
+            "compilation, CUDA graphs, the first generation) the limit is this plus 300; the "
+            "vLLM server's /health gets this alone. "
             "Default: 1800 until the first step and around saves, then max(600, 5 x the "
             "slowest step so far)."
         },

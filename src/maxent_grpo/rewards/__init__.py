@@ -21,10 +21,6 @@ Modules: ``builtin`` (the text rewards), ``answers`` (finding and verifying math
 (names, settings, ``module:function``), ``guard`` (the failure policy used in training).
 """
 
-from maxent_grpo.rewards.builtin import (
-    RepetitionPenalty,
-    SoftOverlongPunishment,
-)
 from maxent_grpo.rewards.common import (
     RewardError,
     RewardFunc,
@@ -52,3 +48,12 @@ __all__ = [
     "RewardTimeout",
     "SoftOverlongPunishment",
 ]
+
+
+def __getattr__(name: str):
+    # The text rewards' classes load on first use (math-verify and sympy: about 0.5 s).
+    if name in ("RepetitionPenalty", "SoftOverlongPunishment"):
+        from maxent_grpo.rewards import builtin  # deferred: sympy, on first use
+
+        return getattr(builtin, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

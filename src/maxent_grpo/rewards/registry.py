@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from maxent_grpo.rewards import builtin, code, sandbox
+from maxent_grpo.rewards import code, sandbox
 from maxent_grpo.rewards.common import RewardError, RewardFunc
 from maxent_grpo.rewards.sandbox import Limits
 
@@ -117,29 +117,29 @@ def _sandbox(settings: Mapping[str, Any]) -> tuple[Limits, int]:
 
 # Registry: name -> builder taking the resolved settings.
 _REGISTRY: dict[str, Callable[[Mapping[str, Any]], RewardFunc]] = {
-    "accuracy": lambda s: builtin.accuracy,
-    "answer_match": lambda s: builtin.answer_match,
-    "format": lambda s: builtin.format,
-    "tag_count": lambda s: builtin.tag_count,
-    "length": lambda s: builtin.length,
-    "soft_overlong_punishment": lambda s: builtin.SoftOverlongPunishment(
+    "accuracy": lambda s: _builtin().accuracy,
+    "answer_match": lambda s: _builtin().answer_match,
+    "format": lambda s: _builtin().format,
+    "tag_count": lambda s: _builtin().tag_count,
+    "length": lambda s: _builtin().length,
+    "soft_overlong_punishment": lambda s: _builtin().SoftOverlongPunishment(
         s["overlong_max_length"], s["overlong_buffer"]
     ),
-    "repetition_penalty": lambda s: builtin.RepetitionPenalty(
+    "repetition_penalty": lambda s: _builtin().RepetitionPenalty(
         s["repetition_n_grams"], s["repetition_max_penalty"]
     ),
-    "reasoning_steps": lambda s: builtin.reasoning_steps,
-    "cosine": lambda s: builtin.CosineScaled(
+    "reasoning_steps": lambda s: _builtin().reasoning_steps,
+    "cosine": lambda s: _builtin().CosineScaled(
         s["cosine_min_value_wrong"],
         s["cosine_max_value_wrong"],
         s["cosine_min_value_correct"],
         s["cosine_max_value_correct"],
         s["cosine_max_len"],
     ),
-    "boxed_accuracy_math": lambda s: builtin.boxed_accuracy_math,
-    "boxed_missing_penalty": lambda s: builtin.boxed_missing_penalty,
-    "digit_fraction": lambda s: builtin.digit_fraction,
-    "ascii_fraction": lambda s: builtin.ascii_fraction,
+    "boxed_accuracy_math": lambda s: _builtin().boxed_accuracy_math,
+    "boxed_missing_penalty": lambda s: _builtin().boxed_missing_penalty,
+    "digit_fraction": lambda s: _builtin().digit_fraction,
+    "ascii_fraction": lambda s: _builtin().ascii_fraction,
     "code": lambda s: code.CodeTests(False, *_sandbox(s)),
     "binary_code": lambda s: code.CodeTests(True, *_sandbox(s)),
     "python_unit_tests": lambda s: code.UnitTests(*_sandbox(s)),
@@ -226,6 +226,14 @@ def _load_custom(spec: str) -> RewardFunc:
 # --------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------
+
+
+def _builtin() -> ModuleType:
+    """The text rewards, imported on first use: they import math-verify and sympy (about
+    0.5 s), which the launcher's check of the reward names does not need."""
+    from maxent_grpo.rewards import builtin  # deferred: math-verify and sympy
+
+    return builtin
 
 
 def list_reward_names() -> list[str]:
