@@ -3,9 +3,11 @@
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_async.py [--steps 16] [--rounds 1]
 
 One server (the plan's command, started once) serves every run; 1 training process by default
-(`--processes`): the server and one trainer each keep one of this machine's two cores busy, so
-the overlap is not bounded by the cores (with 2 trainers, 3 busy processes share 2 cores and
-the step cannot fall below their CPU seconds / 2, whatever the pipeline does). Each
+(`--processes`). The server's compute threads are bound to core 0 (VLLM_CPU_OMP_THREADS_BIND;
+by default vLLM's CPU engine binds every core) and the trainer to core 1 (taskset), as on GPUs
+each side has its own device: otherwise the overlap is bounded by the cores, not the pipeline
+(both sides would share both cores, and the step could not fall below their CPU seconds / 2,
+whatever the pipeline does). Each
 case runs the same recipe, seed and number of completions both ways, alternated ABBA after an
 untimed warm-up (vLLM's first generations). Per run: the median step time over the steps after
 the first three (which pay the trainers' start and the pipeline's fill), the trainers' and the
@@ -13,10 +15,11 @@ server's busy shares on the median step (time/trainer_busy, time/server_busy), s
 the reward per completion generated (the reward curve, from events.jsonl).
 
 Cases:
-- smoke: recipes/smoke/config_grpo_vllm.yaml as it is (32-token completions);
-- balanced: 8-token completions, where generation and training take about the same time in
-  the synchronous run (read from its time/generation_s and time/training_s): there the async
-  step should approach the longer of the two, not their sum.
+- smoke: recipes/smoke/config_grpo_vllm.yaml as it is (32-token completions): in the
+  synchronous run the trainers' wait for generation (time/waiting_s) and their own share of
+  the step (step - waiting) are about equal: the balanced case, where the async step should
+  approach the longer of the two, not their sum;
+- short: 8-token completions, where the trainers' side is the longer one.
 On GPUs the server and the trainers have their own devices; here the figures show what the
 pipeline does with one core each.
 """
@@ -43,7 +46,8 @@ from benchlib import (
     write_result,
 )
 
-CASES = {"smoke": {}, "balanced": {"max_completion_length": 8}}
+CASES = {"smoke": {}, "short": {"max_completion_length": 8}}
+SERVER_CORES, TRAINER_CORES = "0", "1"  # one each, as on GPUs each side has its own device
 
 
 def step_metrics(output_dir: Path) -> dict[int, dict]:
@@ -64,6 +68,8 @@ def summary(steps: dict[int, dict], completions_per_step: int) -> dict:
         "min_step_s": min(step_s),
         "generation_s": median([m["time/generation_s"] for m in timed]),
         "training_s": median([m["time/training_s"] for m in timed]),
+        "waiting_s": median([m["time/waiting_s"] for m in timed]),
+        "trainer_side_s": median([m["time/step_s"] - m["time/waiting_s"] for m in timed]),
         "trainer_busy": middle.get("time/trainer_busy"),
         "server_busy": middle.get("time/server_busy"),
         "staleness_max": max((m.get("async/staleness_max", 0.0) for m in timed), default=0.0),
@@ -77,6 +83,7 @@ def run_once(workdir: Path, name: str, base: Path, plan_for, keys: dict, process
     folder = workdir / name
     recipe = write_recipe(folder, base=base, **keys)
     command, env = plan_for(recipe)  # its host and port are the shared server's
+    command = ["taskset", "-c", TRAINER_CORES, *command]
     started = time.monotonic()
     result = subprocess.run(
         command, env=child_env(**env), capture_output=True, text=True, timeout=900
@@ -115,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     first = write_recipe(workdir / "server", base=SMOKE_VLLM, **base_keys)
     plan = make_plan(environment, read_recipe(["--config", str(first)]), ports)
-    server = VLLMServer(plan.server, workdir / "vllm.log", child_env()).start()
+    server_env = child_env(VLLM_CPU_OMP_THREADS_BIND=SERVER_CORES)
+    server = VLLMServer(plan.server, workdir / "vllm.log", server_env).start()
     results: dict[str, dict] = {}
     try:
         server.wait_until_healthy()
@@ -139,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     for case, runs in results.items():
         sync = statistics.median(r["median_step_s"] for r in runs["sync"])
         fast = statistics.median(r["median_step_s"] for r in runs["async"])
-        gen = statistics.median(r["generation_s"] for r in runs["sync"])
-        train = statistics.median(r["training_s"] for r in runs["sync"])
+        # The two sides of the synchronous step: the trainers' wait for the server, and the rest.
+        gen = statistics.median(r["waiting_s"] for r in runs["sync"])
+        train = statistics.median(r["trainer_side_s"] for r in runs["sync"])
         busiest = max(runs["async"][0]["trainer_busy"] or 0, runs["async"][0]["server_busy"] or 0)
         figures += [
             figure(f"{case}: sync median step", sync, "s"),
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 fast / sync,
                 "x",
                 target=max(gen, train) / (gen + train) + 0.10,
-                note=f"sync split: generation {gen:.3f} s, training {train:.3f} s",
+                note=f"sync step: waiting for generation {gen:.3f} s, trainers' side {train:.3f} s",
             ),
             figure(f"{case}: busier side's share on the median async step", busiest, "x"),
         ]
