@@ -54,7 +54,7 @@ ATTENTION_PACKAGES = {
     "flash_attention_2": "flash_attn",
     "flash_attention_3": "flash_attn_interface",
 }
-#: What to use instead: PyTorch's fused attention, the same attention without the package.
+#: What to use instead, PyTorch's fused attention (the same attention without the package).
 ATTENTION_FALLBACK = "sdpa"
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 Version = tuple[int, ...]
 
-#: The TRL upstream MaxEnt-GRPO pinned (its configs/constraints.txt: trl==0.18.0).
+#: The TRL upstream MaxEnt-GRPO pinned, trl==0.18.0 in its configs/constraints.txt.
 UPSTREAM_TRL = "0.18.0"
 #: The last TRL release whose GRPOConfig still had the key (it was removed in the next one):
 #: a recipe that sets it was written for that release or an older one.

@@ -11,7 +11,7 @@ from typing import Any
 from maxent_grpo.recipe.migration.edits import MARK, Change, Edits, Key, set_value, to_yaml
 from maxent_grpo.recipe.migration.upstream import ORIGIN
 
-#: Training processes of upstream's layout: 1 server + 6 trainers on 7 GPUs.
+#: Training processes of upstream's layout (1 server and 6 trainers on 7 GPUs).
 UPSTREAM_TRAINERS = 6
 
 
