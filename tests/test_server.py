@@ -317,6 +317,7 @@ def test_stop_signal_during_start_up_stops_the_trainers(tmp_path):
 def test_no_hang_is_called_while_the_server_starts(tmp_path, monkeypatch):
     """A rank silent while the server boots is waiting for it; silence counts from healthy."""
     monkeypatch.setattr(watchdog_module, "SERVER_PROBE_EVERY_S", 0.1)  # for hang_timeout 0.5
+    monkeypatch.setattr(watchdog_module, "WARMUP_S", 0.5)  # the first step's allowance: 300 s
     Heartbeat(tmp_path, 0).beat("generate", 0)  # then silent: waits for the server
     port = free_port()
     start = time.monotonic()  # before the launch: healthy_after counts from it

@@ -21,7 +21,6 @@ import pytest
 from helpers.launched import Launched, outcomes
 from helpers.procs import wait_until_gone
 from helpers.recipes import write_recipe
-from helpers.runs import REPO
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint
 from maxent_grpo.rundir.heartbeat import heartbeat_dir
 
@@ -104,20 +103,16 @@ def test_training_sh_with_a_stopped_rank_exits_by_itself(tmp_path, tiny_model):
     """`bash training.sh --run-name x -- --hang_timeout N`, one rank stopped: it exits by itself
     within N + 30 s and its log names the hang."""
     name = f"hang-test-{uuid.uuid4().hex[:8]}"
-    out = REPO / "outputs" / name
+    out = tmp_path / name  # the name marks every process of the run (wait_until_gone)
     args = ["bash", "training.sh", "--run-name", name, "--logs-dir", str(tmp_path / "logs")]
-    args += ["--", "--hang_timeout", str(HANG_TIMEOUT), "--max_steps", "2000"]
+    args += ["--", "--output_dir", str(out)]
+    args += ["--hang_timeout", str(HANG_TIMEOUT), "--max_steps", "2000"]
     args += ["--save_steps", "1000", "--model_name_or_path", str(tiny_model)]
-    try:
-        run = Launched(tmp_path, args=args)
-        code, took = stop_rank_and_wait(run, out)
-        took_text = f"{took:.1f}s (hang_timeout {HANG_TIMEOUT})"
-        print(f"\nMEASURED training.sh, stopped rank -> exit: {took_text}")
-        assert code != 0 and took <= HANG_TIMEOUT + 30, (code, took, run.text[-3000:])
-        assert_hang_reported(run, out)
-        left, _ = wait_until_gone(marker=name, timeout=20)
-        assert not left, left
-    finally:
-        import shutil
-
-        shutil.rmtree(out, ignore_errors=True)
+    run = Launched(tmp_path, args=args)
+    code, took = stop_rank_and_wait(run, out)
+    took_text = f"{took:.1f}s (hang_timeout {HANG_TIMEOUT})"
+    print(f"\nMEASURED training.sh, stopped rank -> exit: {took_text}")
+    assert code != 0 and took <= HANG_TIMEOUT + 30, (code, took, run.text[-3000:])
+    assert_hang_reported(run, out)
+    left, _ = wait_until_gone(marker=name, timeout=20)
+    assert not left, left
