@@ -11,7 +11,7 @@ install:
 # The suite that runs on any machine: unit tests plus real CPU training runs. The GPU kit's
 # and the red team's suites have their own targets (deselected here, not skipped).
 test: sandbox-tool
-	$(PYTEST) -m "not slurm and not vllm and not multinode and not freshclone and not gpukit and not redteam" -q
+	MAXENT_GRPO_CLEAN_CHECKOUT=1 $(PYTEST) -m "not slurm and not vllm and not multinode and not freshclone and not gpukit and not redteam" -q
 
 # The code rewards' sandbox, bubblewrap (docs/code-rewards.md): installed here as root on
 # Debian (a fresh machine, CI); elsewhere one line says how.

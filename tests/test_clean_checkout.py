@@ -11,7 +11,7 @@ pytest_plugins = ["pytester"]
 
 
 def test_a_test_that_leaves_a_run_log_in_the_checkout_fails(pytester, monkeypatch):
-    monkeypatch.setenv("MAXENT_GRPO_CLEAN_CHECKOUT", "1")  # on by itself with CI set
+    monkeypatch.setenv("MAXENT_GRPO_CLEAN_CHECKOUT", "1")  # make test sets it
     probe = REPO / "logs" / f"clean-checkout-probe-{uuid.uuid4().hex[:8]}_train.log"
     pytester.makepyfile(
         f"""

@@ -44,7 +44,7 @@ def _seconds(runtime: str) -> int:
 
 
 def _slurm_out(tmp_path: Path) -> str:
-    return "\n".join(p.read_text() for p in sorted(tmp_path.glob("slurm_*.out")))
+    return "\n".join(p.read_text() for p in sorted(tmp_path.glob("slurm_*.*")))
 
 
 def test_one_evaluation_job_per_checkpoint_and_none_twice_after_a_requeue(slurm_cluster, tmp_path):
@@ -61,7 +61,8 @@ def test_one_evaluation_job_per_checkpoint_and_none_twice_after_a_requeue(slurm_
         benchmark_time=10,
     )
     out = tmp_path / "out"
-    args = ["--cpus-per-task=4", f"--output={tmp_path}/slurm_%j.out", "training.sh"]
+    args = ["--cpus-per-task=4", f"--output={tmp_path}/slurm_%j.out"]
+    args += [f"--error={tmp_path}/slurm_%j.err", "training.sh"]  # not the repository's logs/
     args += ["--config", str(path), "--logs-dir", str(tmp_path / "logs")]
     job = slurm_cluster.submit(args, cwd=REPO)
     try:
