@@ -120,17 +120,6 @@ def busy_seconds(intervals: list[tuple[float, float]], start: float, end: float)
     return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
 
 
-def unique_groups(prompt_ids: list[list[int]]) -> list[tuple[list[int], int]]:
-    """Runs of identical consecutive prompts (TRL repeats each prompt num_generations times)."""
-    runs: list[tuple[list[int], int]] = []
-    for ids in prompt_ids:
-        if runs and runs[-1][0] == ids:
-            runs[-1] = (ids, runs[-1][1] + 1)
-        else:
-            runs.append((ids, 1))
-    return runs
-
-
 class AsyncGenerationMixin:
     """Trainer mixin (both trainers, before TRL's class): `async_generation` (module doc)."""
 
