@@ -299,8 +299,10 @@ def _server_summary(plan) -> str:
     s = plan.server
     if s is None or s.device != "gpu":
         return ""
+    nodes = ",".join(server.node for server in plan.servers)  # vllm_nodes: one per node
     return (
-        f"; vLLM server on {len(s.gpus)} GPU(s) of {s.node} "
+        f"; vLLM server{'s' if len(plan.servers) > 1 else ''} on {len(s.gpus)} GPU(s) of "
+        f"{'each of ' if len(plan.servers) > 1 else ''}{nodes} "
         f"({s.data_parallel} replica(s) x tensor parallel {s.tensor_parallel})"
     )
 

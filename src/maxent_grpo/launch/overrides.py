@@ -26,6 +26,7 @@ KEY_VARIABLES = {
     "VLLM_MODEL": "model_name_or_path",
     "VLLM_TP_SIZE": "vllm_tensor_parallel_size",
     "VLLM_DP_SIZE": "vllm_data_parallel_size",
+    "VLLM_NODES": "vllm_nodes",
     "VLLM_MAX_LEN": "vllm_max_model_length",
     "VLLM_MEM_UTIL": "vllm_server_gpu_memory_utilization",
 }

