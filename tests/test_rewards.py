@@ -330,6 +330,8 @@ def test_reward_settings_defaults():
         "code_timeout_seconds": 5.0,
         "code_memory_mb": 1024,
         "code_sandbox": "bwrap",
+        "reward_server_timeout_seconds": 30.0,
+        "reward_server_retries": 2,
     }
 
 

@@ -75,7 +75,9 @@ class ScriptArguments:
         default_factory=lambda: ["answer_match"],
         metadata={
             "help": "Reward functions: built-in names (accuracy, answer_match, format, tag_count, "
-            "length, soft_overlong_punishment, repetition_penalty) or 'module:function'. "
+            "length, soft_overlong_punishment, repetition_penalty), 'module:function', a reward "
+            "server 'http(s)://host:port/path' or a reward model 'model:<hub id or path>' "
+            "(docs/tools.md). "
             "Weights come from reward_weights."
         },
     )
@@ -86,6 +88,21 @@ class ScriptArguments:
             "is retried sample by sample; samples that still fail score None (skipped by TRL), "
             "are logged and counted in rewards/<name>/failures (on the steps with failures). 0 "
             "disables the limit."
+        },
+    )
+    reward_server_timeout_seconds: Annotated[float, Accepts(range=(">", 0))] = field(
+        default=30.0,
+        metadata={
+            "help": "Time limit of one request to a reward server (a reward_funcs entry "
+            "http(s)://...; docs/tools.md)."
+        },
+    )
+    reward_server_retries: Annotated[int, Accepts(range=(">=", 0))] = field(
+        default=2,
+        metadata={
+            "help": "Retries of a failed reward-server request (refused, timed out, HTTP 5xx), "
+            "after pauses of 0.5 s doubling up to 5 s; then the run stops with "
+            "RewardServerDown."
         },
     )
     repetition_n_grams: Annotated[int, Accepts(range=(">=", 1))] = field(
@@ -245,4 +262,6 @@ _PASSED_SETTINGS = (
     "code_timeout_seconds",
     "code_memory_mb",
     "code_sandbox",
+    "reward_server_timeout_seconds",
+    "reward_server_retries",
 )

@@ -14,6 +14,11 @@ class RewardError(UserError):
     """A reward name, ``module:function`` spec, setting or input that cannot be used."""
 
 
+class RewardUnavailable(Exception):
+    """A reward that cannot score at all (its server is down): the run stops with this line,
+    since retrying sample by sample (guard.py) cannot help."""
+
+
 def _content_text(content: Any) -> str:
     if content is None:
         return ""

@@ -6,7 +6,7 @@ import logging
 import signal
 import threading
 
-from maxent_grpo.rewards.common import RewardFunc
+from maxent_grpo.rewards.common import RewardFunc, RewardUnavailable
 from maxent_grpo.timers import timed
 
 logger = logging.getLogger("maxent_grpo.rewards")
@@ -45,7 +45,8 @@ class GuardedReward:
 
     def __init__(self, func: RewardFunc, timeout: float | None):
         self.func = func
-        self.timeout = timeout
+        # A reward that bounds its own calls (remote.py: timeout x tries) gets no alarm on top.
+        self.timeout = None if getattr(func, "bounds_itself", False) else timeout
         self.__name__ = getattr(func, "__name__", type(func).__name__)
 
     def __call__(self, completions, **kwargs):
@@ -57,6 +58,8 @@ class GuardedReward:
         try:
             scores = _call_with_timeout(self.func, self.timeout, completions, **kwargs)
             failures = 0
+        except RewardUnavailable:
+            raise
         except Exception as exc:  # noqa: BLE001 - any failure of user code is handled alike
             logger.warning(
                 "reward %s failed on a batch (%s: %s); retrying sample by sample",
@@ -100,6 +103,7 @@ class GuardedReward:
         return scores, failures
 
 
-def guard_rewards(funcs: list[RewardFunc], timeout: float | None) -> list[RewardFunc]:
-    """Apply the failure policy to every reward function."""
-    return [GuardedReward(func, timeout) for func in funcs]
+def guard_rewards(funcs: list, timeout: float | None) -> list:
+    """Apply the failure policy to every reward function; a reward model's name (a string,
+    loaded and scored by TRL) passes as it is."""
+    return [func if isinstance(func, str) else GuardedReward(func, timeout) for func in funcs]

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from maxent_grpo.rewards import code, sandbox
+from maxent_grpo.rewards import code, remote, sandbox
 from maxent_grpo.rewards.common import RewardError, RewardFunc
 from maxent_grpo.rewards.sandbox import Limits
 
@@ -86,6 +86,9 @@ _SETTINGS: dict[str, tuple[Any, Callable[[str, Any], Any]]] = {
     "code_timeout_seconds": (5.0, _positive),
     "code_memory_mb": (1024, _int_at_least(64)),
     "code_sandbox": ("bwrap", _one_of(*sandbox.ISOLATIONS)),
+    # reward servers (remote.py)
+    "reward_server_timeout_seconds": (30.0, _positive),
+    "reward_server_retries": (2, _int_at_least(0)),
 }
 
 #: Settings understood by the parametrised built-in rewards, with their defaults.
@@ -241,14 +244,16 @@ def list_reward_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_reward_funcs(names: Sequence[str], **settings: Any) -> list[RewardFunc]:
+def get_reward_funcs(names: Sequence[str], **settings: Any) -> list[RewardFunc | str]:
     """Resolve reward names into TRL reward callables, in the given order.
 
     Each name is either a built-in (see :func:`list_reward_names`) or a
     ``module:function`` spec: the module is imported (a module on ``sys.path``, in
     the working directory, or a ``path/to/file.py``) and the attribute returned
-    as is. ``settings`` override ``REWARD_SETTINGS`` for the parametrised
-    built-ins (``soft_overlong_punishment``, ``repetition_penalty``).
+    as is. ``http(s)://...`` is a reward server (remote.RemoteReward) and
+    ``model:<hub id or path>`` a reward model, returned as the name TRL loads.
+    ``settings`` override ``REWARD_SETTINGS`` for the parametrised built-ins
+    (``soft_overlong_punishment``, ``repetition_penalty``) and the reward servers.
 
     Raises:
         maxent_grpo.rewards.common.RewardError: an unknown name, a spec that cannot be
@@ -257,12 +262,17 @@ def get_reward_funcs(names: Sequence[str], **settings: Any) -> list[RewardFunc]:
     if isinstance(names, str) or not isinstance(names, Sequence):
         raise RewardError(f"reward names must be a list of strings, got {names!r}")
     resolved = _resolve_settings(settings)
-    funcs: list[RewardFunc] = []
+    funcs: list[RewardFunc | str] = []
     for raw in names:
         if not isinstance(raw, str):
             raise RewardError(f"reward names must be strings, got {raw!r}")
         name = raw.strip()
-        if name in _REGISTRY:
+        if remote.is_server(name):
+            timeout = resolved["reward_server_timeout_seconds"]
+            funcs.append(remote.RemoteReward(name, timeout, resolved["reward_server_retries"]))
+        elif name.startswith(remote.MODEL_PREFIX):
+            funcs.append(remote.reward_model_name(name))  # a name TRL loads; not a callable
+        elif name in _REGISTRY:
             funcs.append(_REGISTRY[name](resolved))
         elif name in code.JUDGED_REWARDS:
             code.refuse_judged(name)
@@ -271,6 +281,7 @@ def get_reward_funcs(names: Sequence[str], **settings: Any) -> list[RewardFunc]:
         else:
             raise RewardError(
                 f"unknown reward {raw!r}; valid names: {', '.join(list_reward_names())} "
-                "(or 'module:function' for a custom reward)"
+                "(or 'module:function' for a custom reward, http(s)://... for a reward server, "
+                "model:<hub id or path> for a reward model)"
             )
     return funcs
