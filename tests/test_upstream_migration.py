@@ -130,11 +130,36 @@ def test_fixed_kl_and_entropy_bonus():
     assert data["method"] == "grpo" and data["beta"] == 0.04
     assert "kl_target" not in data and "kl_horizon" not in data  # a fixed beta
     assert "# kl_target: 0.0" in text.splitlines()
+    assert data["entropy_coef"] == 0.0001  # the reward-side bonus, as TRL's loss-side one
+    assert "entropy_normalize_by_max" not in data and "entropy_kl_threshold" not in data
     differences = behaviour_differences(changes)
-    assert any("policy_entropy_bonus_coef" in d for d in differences)
+    assert any(d.startswith("policy_entropy_bonus_coef") and "reward" in d for d in differences)
     assert any("vllm_sync_weights" in d for d in differences)  # upstream never synced
     assert not any(d.startswith("maxent_length_normalize_ref") for d in differences)
     assert not any("info_seed" in d for d in differences)  # off upstream too
+
+
+def test_entropy_objective_keeps_its_bonus_and_kl_rule():
+    """objective maxent_entropy: alpha / ln(vocabulary), scaled by upstream's KL rule
+    (train/entropy_kl.py; tests/test_entropy_kl.py trains with it)."""
+    source = (FIXTURES / "upstream_maxent/maxent_entropy_kl_adaptive.yaml").read_text()
+    data = yaml.safe_load(migrate_text(source, gpus=8)[0])
+    assert data["method"] == "grpo"
+    expected = dict(
+        entropy_coef=0.01,
+        entropy_normalize_by_max=True,
+        entropy_kl_threshold=0.05,
+        entropy_kl_below="raise",
+        entropy_kl_above="lower",
+        entropy_kl_gain=1.5,
+    )
+    assert {k: data.get(k) for k in expected} == expected
+    assert not any(k.startswith("maxent_alpha") for k in data)
+    gated = source.replace(
+        "maxent_alpha_lower_on_high_kl: true", "maxent_alpha_disable_outside_trust_zone: true"
+    ).replace("beta: 0.04", "beta: 0.0")
+    data = yaml.safe_load(migrate_text(gated, gpus=8)[0])
+    assert data["entropy_coef"] == 0.01 and "entropy_kl_threshold" not in data  # needs beta
 
 
 def test_seed_rewards_map_onto_built_ins_with_the_penalty_in_the_weight():

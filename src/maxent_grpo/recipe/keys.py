@@ -150,6 +150,50 @@ class GRPOConfig(trl.GRPOConfig):
             "step. Set together with kl_target; at least one step's completions."
         },
     )
+    # Upstream MaxEnt-GRPO's entropy bonus on TRL's entropy_coef (train/entropy_kl.py).
+    entropy_normalize_by_max: bool = field(
+        default=False,
+        metadata={
+            "help": "Divide TRL's entropy bonus by ln(vocabulary size), the largest entropy, so "
+            "entropy_coef weighs entropy as a fraction of its maximum (upstream MaxEnt-GRPO's "
+            "scale). false: entropy in nats, as TRL."
+        },
+    )
+    entropy_kl_threshold: Annotated[float | None, Accepts(range=(">", 0))] = field(
+        default=None,
+        metadata={
+            "help": "KL(policy || reference) per token around which entropy_coef adapts, "
+            "measured on each micro-batch before its loss (upstream MaxEnt-GRPO's "
+            "maxent_alpha_kl_threshold; entropy_kl_below / entropy_kl_above say how). Needs "
+            "entropy_coef > 0 and beta > 0. Unset: entropy_coef stays fixed."
+        },
+    )
+    entropy_kl_below: str = field(
+        default="keep",
+        metadata={
+            "help": "KL below entropy_kl_threshold: 'raise' multiplies entropy_coef by 1 + "
+            "entropy_kl_gain * (threshold - KL) / threshold; 'keep' leaves it.",
+            "choices": ["keep", "raise"],
+        },
+    )
+    entropy_kl_above: str = field(
+        default="keep",
+        metadata={
+            "help": "KL above entropy_kl_threshold: 'lower' multiplies entropy_coef by 1 / (1 + "
+            "entropy_kl_gain * (KL - threshold) / threshold); 'off' sets it to 0 (outside the "
+            "trust zone); 'keep' leaves it.",
+            "choices": ["keep", "lower", "off"],
+        },
+    )
+    entropy_kl_gain: Annotated[float, Accepts(range=(">=", 0))] = field(
+        default=1.0, metadata={"help": "Gain of entropy_kl_below / entropy_kl_above."}
+    )
+    entropy_kl_min_multiplier: Annotated[float, Accepts(range=(">", 0, "<=", 1))] = field(
+        default=0.5, metadata={"help": "Least multiplier of entropy_coef ('off' aside)."}
+    )
+    entropy_kl_max_multiplier: Annotated[float, Accepts(range=(">=", 1))] = field(
+        default=2.0, metadata={"help": "Largest multiplier of entropy_coef."}
+    )
 
     rollout_filters: list[str] = field(
         default_factory=list,
@@ -200,6 +244,7 @@ class GRPOConfig(trl.GRPOConfig):
         run_checks(
             self._check_kl_coefficient,
             self._check_adaptive_kl,
+            self._check_entropy_kl,
             self._check_sync_interval,
             self._check_async_generation,
             self._check_rollouts,
@@ -301,6 +346,36 @@ class GRPOConfig(trl.GRPOConfig):
                 f"init_kl_coeff: {self.init_kl_coeff}: an adaptive beta (kl_target) multiplies "
                 "beta, so it must start > 0; set init_kl_coeff, e.g. 0.05"
             )
+
+    def _check_entropy_kl(self) -> None:
+        """The KL-adaptive entropy bonus scales TRL's entropy_coef by the KL to the reference."""
+        if self.entropy_kl_threshold is None:
+            return
+        lines = []
+        if self.entropy_coef <= 0:
+            lines.append(
+                f"entropy_kl_threshold: {self.entropy_kl_threshold} with entropy_coef: "
+                f"{self.entropy_coef}: the rule multiplies entropy_coef; set entropy_coef > 0"
+            )
+        if not (self.beta > 0 or self.init_kl_coeff > 0):
+            lines.append(
+                f"entropy_kl_threshold: {self.entropy_kl_threshold} with beta: {self.beta}: the "
+                "KL is measured against the reference model, which beta > 0 loads; set beta "
+                "(e.g. 0.04)"
+            )
+        if self.use_adaptive_entropy:
+            lines.append(
+                "entropy_kl_threshold with use_adaptive_entropy: true: two rules for one "
+                "entropy_coef; keep one of them"
+            )
+        if self.entropy_kl_below == "keep" and self.entropy_kl_above == "keep":
+            lines.append(
+                f"entropy_kl_threshold: {self.entropy_kl_threshold} with entropy_kl_below and "
+                "entropy_kl_above both keep: nothing adapts; set entropy_kl_below: raise or "
+                "entropy_kl_above: lower (or off), or unset entropy_kl_threshold"
+            )
+        if lines:
+            raise ConfigProblems("entropy_kl_threshold", lines)
 
     def check_world_size(self, world_size: int) -> None:
         """Checks that depend on the number of training processes (MaxEntConfig adds some):

@@ -12,14 +12,13 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any
 
-import trl
 from trl import ModelConfig
 
 from maxent_grpo.recipe.declare import Accepts
 from maxent_grpo.recipe.keys import ConfigError, GRPOConfig, LauncherKeys, ScriptArguments
 from maxent_grpo.recipe.problems import run_checks
 
-# TRL GRPO keys with no meaning for the MaxEnt loss, and what to use instead.
+# GRPO keys (TRL's and ours) with no meaning for the MaxEnt loss, and what to use instead.
 _UNUSED_TRL_KEYS = {
     "loss_type": "MaxEnt-GRPO has its own loss, the weighted log-likelihood",
     "scale_rewards": "the weights come from softmax(reward / maxent_q_temperature), not "
@@ -36,6 +35,8 @@ _UNUSED_TRL_KEYS = {
     "entropy_coef_max": "use maxent_tau_max",
     "entropy_coef_delta": "use maxent_tau_lr",
     "entropy_target": "use maxent_target_weight_entropy",
+    "entropy_normalize_by_max": "it scales entropy_coef, which MaxEnt-GRPO does not use",
+    "entropy_kl_threshold": "it adapts entropy_coef, which MaxEnt-GRPO does not use",
     "sapo_temperature_neg": "it only applies to loss_type sapo",
     "sapo_temperature_pos": "it only applies to loss_type sapo",
     "vespo_k_pos": "it only applies to loss_type vespo",
@@ -43,7 +44,7 @@ _UNUSED_TRL_KEYS = {
     "vespo_k_neg": "it only applies to loss_type vespo",
     "vespo_lambda_neg": "it only applies to loss_type vespo",
 }
-_TRL_DEFAULTS = {f.name: f.default for f in fields(trl.GRPOConfig)}
+_TRL_DEFAULTS = {f.name: f.default for f in fields(GRPOConfig)}  # TRL's and our GRPO keys
 # Values of those keys besides TRL's default that change nothing for MaxEnt-GRPO, e.g. an
 # open-r1 recipe's `scale_rewards: false`: MaxEnt never scales rewards by their spread.
 _NEUTRAL_VALUES = {"scale_rewards": ("none",)}

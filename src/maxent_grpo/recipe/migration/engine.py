@@ -24,6 +24,7 @@ from maxent_grpo.recipe.migration.edits import (
     to_yaml,
     top_level_keys,
 )
+from maxent_grpo.recipe.migration.entropy import migrate_entropy_bonus
 from maxent_grpo.recipe.migration.era import era_pins, recipe_era
 from maxent_grpo.recipe.migration.kinds import REMOVE, Migration, ValueChange
 from maxent_grpo.recipe.migration.layout import fit_layout
@@ -231,6 +232,7 @@ def migrate_text(
         raise ConfigError(str(exc)) from None
     edits = Edits(text.splitlines())
     handled = rules.fold_evaluation(edits, keys, recipe) | _set_method(edits, keys, recipe)
+    handled |= migrate_entropy_bonus(edits, keys, recipe)
     present = set(keys)
     for name, key in keys.items():
         if name in MIGRATIONS and name not in handled:

@@ -93,8 +93,8 @@ ROWS = (
         "objective",
         to="method",
         by=method_of_objective,
-        why="the method: listwise MaxEnt is method maxent; maxent_entropy "
-        "(GRPO plus an entropy bonus) trains GRPO",
+        why="the method: listwise MaxEnt is method maxent; maxent_entropy and "
+        "grpo_entropy_bonus train GRPO with TRL's entropy bonus (entropy_coef)",
     ),
     UP.convert(
         "train_grpo_objective",
@@ -107,10 +107,8 @@ ROWS = (
         "maxent_objective_variant",
         to="method",
         by=method_of_variant,
-        why="listwise weights are method maxent; upstream's entropy-regularized loss is not "
-        "part of "
-        "this toolkit, so entropy trains GRPO",
-        changes=lambda v: str(v).strip().lower() == "entropy",
+        why="listwise weights are method maxent; upstream's entropy-regularized loss is GRPO "
+        "with TRL's entropy bonus (entropy_coef)",
     ),
     UP.rename(
         "maxent_reference_ema_enabled",
@@ -175,13 +173,14 @@ ROWS = (
     # --- methods this toolkit does not have ---------------------------------------------------
     UP.remove(
         "policy_entropy_bonus_coef",
-        why="upstream added a policy-entropy bonus to the rewards; this run has no entropy bonus",
+        why="only with upstream's GRPO objective, where it becomes entropy_coef; this "
+        "objective has no entropy bonus",
         changes=_nonzero,
     ),
     UP.remove(
         "maxent_alpha",
-        why="scaled upstream's extra MaxEnt term (0: plain GRPO); here "
-        "method maxent always weights with it and method grpo never does",
+        why="scaled upstream's extra MaxEnt term (0: plain GRPO; with objective "
+        "maxent_entropy it becomes entropy_coef); here method maxent always weights with it",
         changes=lambda v: is_number(v) and v != 1,
     ),
     UP.remove(
@@ -263,14 +262,23 @@ ROWS = (
     *(
         UP.remove(
             key,
-            why="upstream adapted maxent_alpha to the KL; its entropy term is not part of this "
-            "toolkit",
+            why="upstream adapted maxent_alpha to the KL; with objective maxent_entropy it "
+            "becomes the entropy_kl_* keys, without it there is no entropy term to adapt",
             changes=_true,
         )
         for key in (
             "maxent_alpha_lower_on_high_kl",
             "maxent_alpha_raise_on_low_kl",
             "maxent_alpha_disable_outside_trust_zone",
+        )
+    ),
+    *(
+        UP.remove(key, why="only with maxent_alpha_raise_on_low_kl or its siblings")
+        for key in (
+            "maxent_alpha_kl_threshold",
+            "maxent_alpha_kl_gain",
+            "maxent_alpha_kl_min_multiplier",
+            "maxent_alpha_kl_max_multiplier",
         )
     ),
     *(

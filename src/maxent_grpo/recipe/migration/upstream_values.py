@@ -31,12 +31,17 @@ def server_url(value: Any) -> str:
     return f"{url.scheme or 'http'}://{url.netloc}"
 
 
-_OBJECTIVES = {"grpo": "grpo", "maxent_listwise": "maxent", "maxent_entropy": "grpo"}
+_OBJECTIVES = {
+    "grpo": "grpo",
+    "grpo_entropy_bonus": "grpo",
+    "maxent_listwise": "maxent",
+    "maxent_entropy": "grpo",
+}
 
 
 def method_of_objective(value: Any) -> str:
-    """objective -> method: listwise MaxEnt is method maxent; the entropy-bonus objective
-    trains GRPO here (its bonus, policy_entropy_bonus_coef, is left out)."""
+    """objective -> method: listwise MaxEnt is method maxent; the entropy-bonus objectives
+    train GRPO here with TRL's entropy bonus (recipe/migration/entropy.py)."""
     name = str(value).strip().lower()
     if name not in _OBJECTIVES:
         raise ValueError(f"objective {value!r} has no counterpart (grpo or maxent_listwise)")
@@ -49,7 +54,7 @@ def method_of_flag(value: Any) -> str:
 
 def method_of_variant(value: Any) -> str:
     """maxent_objective_variant -> method: listwise weights are method maxent; the entropy
-    loss is not part of this toolkit (method grpo)."""
+    loss is GRPO with TRL's entropy bonus (method grpo, recipe/migration/entropy.py)."""
     name = str(value).strip().lower()
     if name not in ("listwise", "entropy"):
         raise ValueError(f"maxent_objective_variant {value!r} is neither listwise nor entropy")
