@@ -8,6 +8,7 @@ rules in launch/outcomes.py, the stop and checkpoint files in rundir/checkpoints
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -36,6 +37,7 @@ from maxent_grpo.launch.resume import (
     with_recorded,
 )
 from maxent_grpo.launch.server import launch_server
+from maxent_grpo.launch.server_group import launch_servers
 from maxent_grpo.launch.slurm import (
     job_record,
     slurm_job,
@@ -358,7 +360,11 @@ class Attempt(Finish):
             server_env = {"PYTHONFAULTHANDLER": "1", **server_environ(environ)}
             # Not waited for here: the trainers load the model and data while it boots, and
             # watch_training stops everything if its start-up fails.
-            self.server = launch_server(plan.server, server_log, server_env)
+            if plan.more_servers:  # vllm_nodes > 1: a server per node, restarted when lost
+                event = functools.partial(emit, self.output_dir)
+                self.server = launch_servers(plan.servers, server_log, server_env, event)
+            else:
+                self.server = launch_server(plan.server, server_log, server_env)
         env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(STOP_DRAIN_S), **environ}
         env.update({**plan.train.env, "PYTHONUNBUFFERED": "1"})
         health = plan.server.health_url if plan.server is not None else None

@@ -26,6 +26,9 @@ EVENTS = {
     "step": "step, metrics (the trainer's logged scalars: reward, loss, kl, ...), max_steps",
     "checkpoint": "step, path (once the checkpoint is complete)",
     "stop_request": "reason",
+    # vllm_nodes > 1 (launch/server_group.py): a server exited, and came back healthy
+    "server_lost": "node, url, reason",
+    "server_back": "node, url, after_s (seconds from lost to healthy again)",
     "outcome": "outcome, reason, code, step, requeue (the job a stopped attempt requeues)",
     # evaluations (maxent_grpo.rundir.ledger)
     "eval_submit": "step, checkpoint, benchmarks, job (the evaluation job queued)",

@@ -1,0 +1,154 @@
+"""Several vLLM servers (vllm_nodes > 1), watched as one by the launcher's loop.
+
+A ServerGroup starts one VLLMServer per server of the plan (the first node's directly, the
+others through their srun step, plan/server.py), and answers the loop (launch/watchdog.py
+watch_training) as one server does: `check_started` is True once every server answered
+/health; `died_message` is None while any server runs or can still be restarted. A server
+that exits while training runs is restarted in place, at most MAX_RESTARTS times per server,
+each start in a log of its own; `server_lost` and `server_back` events record it (the
+trainers' pool, train/server_pool.py, sends its requests to the others meanwhile and gives it
+the current weights before it takes requests again). Only when no server is left does the
+run stop, as with one server.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from maxent_grpo.launch.plan import ServerPlan
+from maxent_grpo.launch.server import VLLMServer
+from maxent_grpo.vllm_health import ServerError
+
+# Restarts of one server within one attempt (each a full vLLM start: model load, warm-up).
+MAX_RESTARTS = 3
+
+
+def _no_event(event: str, **fields) -> None:
+    return None
+
+
+class _Members:
+    """The servers' process trees as one child: what the hang path signals and dumps."""
+
+    def __init__(self, group: ServerGroup):
+        self.group = group
+
+    def members(self) -> list[int]:
+        return [pid for s in self.group.running() for pid in s.child.members()]
+
+    def signal(self, signum: int) -> None:
+        for server in self.group.running():
+            server.child.signal(signum)
+
+
+class ServerGroup:
+    def __init__(
+        self,
+        plans: tuple[ServerPlan, ...],
+        log_path: Path,
+        environ: Mapping[str, str] = os.environ,
+        event: Callable[..., None] = _no_event,
+    ):
+        self.log_path = Path(log_path)  # the first server's log (the hang path's stacks)
+        self.servers = [VLLMServer(p, self._log(i, 0), environ) for i, p in enumerate(plans)]
+        self.restarts = [0] * len(plans)
+        self.lost_at: dict[int, float] = {}  # index -> when it was found gone
+        self.gone: dict[int, str] = {}  # index -> why it is lost for good
+        self.event = event
+        self.child = _Members(self)
+        self.healthy_after: float | None = None  # every server answered, seconds from start
+        self._start = time.monotonic()
+
+    def _log(self, index: int, restart: int) -> Path:
+        """Server 0 keeps the run's vLLM log name; the others (and restarts) get their own."""
+        suffix = (f"-node{index}" if index else "") + (f"-restart{restart}" if restart else "")
+        return self.log_path.with_name(f"{self.log_path.stem}{suffix}{self.log_path.suffix}")
+
+    def start(self) -> ServerGroup:
+        for server in self.servers:
+            server.start()
+            print(
+                f"vLLM server on {server.plan.node} starting (pid {server.pid}); log: "
+                f"{server.log_path}",
+                flush=True,
+            )
+        return self
+
+    def running(self) -> list[VLLMServer]:
+        return [s for s in self.servers if s.child is not None and s.poll() is None]
+
+    def check_started(self, cancelled: Callable[[], int | None] = lambda: None) -> bool:
+        """One poll of the start-up: True once every server answered /health; raises
+        ServerError (naming the server) when one exits or times out first."""
+        if self.healthy_after is None:
+            if not all([s.check_started(cancelled) for s in self.servers]):
+                return False
+            self.healthy_after = time.monotonic() - self._start
+        return True
+
+    def died_message(self) -> str | None:
+        """None while a server runs or comes back; restarts the ones that exited (bounded)."""
+        for index, server in enumerate(self.servers):
+            if index in self.gone:
+                continue
+            if index in self.lost_at:
+                self._watch_restart(index, server)
+            elif server.poll() is not None:
+                self._lost(index, server, f"exited with code {server.poll()}")
+        if len(self.gone) == len(self.servers):
+            return "every vLLM server is lost: " + "; ".join(self.gone.values())
+        return None
+
+    def _lost(self, index: int, server: VLLMServer, why: str) -> None:
+        node = server.plan.node
+        self.lost_at[index] = time.monotonic()
+        self.event("server_lost", node=node, url=server.plan.url, reason=why)
+        if self.restarts[index] >= MAX_RESTARTS:
+            self.gone[index] = (
+                f"{node}: {why}, after {MAX_RESTARTS} restarts (log {server.log_path})"
+            )
+            print(f"vLLM server on {node} {why}; no restart left", flush=True)
+            return
+        self.restarts[index] += 1
+        log = self._log(index, self.restarts[index])
+        print(
+            f"vLLM server on {node} {why}: restart {self.restarts[index]}/{MAX_RESTARTS}, "
+            f"log: {log}",
+            flush=True,
+        )
+        fresh = VLLMServer(server.plan, log, server.env)
+        self.servers[index] = fresh.start()
+
+    def _watch_restart(self, index: int, server: VLLMServer) -> None:
+        try:
+            if not server.check_started():
+                return
+        except ServerError as exc:
+            del self.lost_at[index]
+            self._lost(index, server, f"did not come back ({str(exc).splitlines()[0]})")
+            return
+        took = time.monotonic() - self.lost_at.pop(index)
+        self.event(
+            "server_back", node=server.plan.node, url=server.plan.url, after_s=round(took, 1)
+        )
+
+    def poll(self) -> int | None:
+        """Like one server's: an exit code only once every server is lost for good."""
+        return None if len(self.gone) < len(self.servers) else 1
+
+    def stop(self, grace: float = 10.0) -> None:
+        for server in self.servers:
+            server.stop(grace=grace)
+
+
+def launch_servers(
+    plans: tuple[ServerPlan, ...],
+    log_path: Path,
+    environ: Mapping[str, str],
+    event: Callable[..., None] = _no_event,
+) -> ServerGroup:
+    """Start every server without waiting (the loop watches their start-up)."""
+    return ServerGroup(plans, log_path, environ, event).start()

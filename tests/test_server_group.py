@@ -1,0 +1,119 @@
+"""Several vLLM servers as one (launch/server_group.py), with stand-in servers (real processes,
+real HTTP /health, no vLLM): a lost server is restarted in place with a log of its own and
+training goes on; only when every server is lost for good does training stop."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+
+from maxent_grpo.launch import server_group
+from maxent_grpo.launch.processes import Child, free_port
+from maxent_grpo.launch.server_group import launch_servers
+from maxent_grpo.launch.watchdog import watch_training
+from maxent_grpo.vllm_health import ServerError
+from test_server import PY, python_command, server_plan
+
+# Answers /health; exits with code 7 after `die_after` s on the starts that find no marker
+# file (the marker is written first: with a marker path, only the first start dies).
+SERVER = """
+    import os, sys, threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    port, die_after, marker = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers()
+        def log_message(self, *a):
+            pass
+    print("serving on", port, flush=True)
+    if die_after > 0 and not os.path.exists(marker):
+        if marker != "always":
+            open(marker, "w").close()
+        threading.Timer(die_after, lambda: (print("engine died", flush=True), os._exit(7))).start()
+    HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def stand_in(die_after: float = 0, marker: str = "never", timeout: float = 20):
+    port = free_port()
+    plan = server_plan([*python_command(SERVER), str(port), str(die_after), marker], port)
+    return dataclasses.replace(plan, timeout=timeout)
+
+
+def trainer(tmp_path: Path, seconds: float) -> Child:
+    return Child("train", [PY, "-c", f"import time; time.sleep({seconds})"], tmp_path / "t.log")
+
+
+class Events(list):
+    def __call__(self, event: str, **fields) -> None:
+        self.append((event, fields))
+
+
+def test_a_lost_server_is_restarted_with_its_own_log_and_training_goes_on(tmp_path):
+    events = Events()
+    plans = (stand_in(), stand_in(die_after=0.3, marker=str(tmp_path / "died-once")))
+    group = launch_servers(plans, tmp_path / "run_vllm.log", {}, events)
+    try:
+        # Training outlives the loss (0.3 s) and the restart (well under a second here).
+        watched = watch_training(trainer(tmp_path, 1.4), group, None, poll=0.1)
+    finally:
+        group.stop()
+    assert watched.code == 0 and watched.server_died is None
+    assert [e for e, _ in events] == ["server_lost", "server_back"]
+    lost, back = (fields for _, fields in events)
+    assert lost["node"] == "127.0.0.1" and "exited with code 7" in lost["reason"]
+    assert back["url"] == plans[1].url and back["after_s"] >= 0
+    # Each server, and each restart, writes a log of its own.
+    assert "engine died" in (tmp_path / "run_vllm-node1.log").read_text()
+    assert "serving on" in (tmp_path / "run_vllm-node1-restart1.log").read_text()
+    assert "engine died" not in (tmp_path / "run_vllm.log").read_text()
+
+
+def test_restarts_are_bounded_and_training_stops_only_when_every_server_is_lost(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(server_group, "MAX_RESTARTS", 1)
+    events = Events()
+    always = (stand_in(die_after=0.5, marker="always"), stand_in(die_after=0.5, marker="always"))
+    group = launch_servers(always, tmp_path / "v.log", {}, events)
+    start = time.monotonic()
+    try:
+        watched = watch_training(trainer(tmp_path, 60), group, None, poll=0.1)
+    finally:
+        group.stop()
+    assert time.monotonic() - start < 30  # stopped, not waited out
+    assert watched.server_died.startswith("every vLLM server is lost")
+    assert "after 1 restarts" in watched.server_died
+    # Per server: lost, back (the restart answered), lost again with no restart left.
+    assert [e for e, _ in events].count("server_lost") == 4
+    assert group.restarts == [1, 1]
+
+
+def test_one_server_lost_for_good_leaves_training_to_the_other(tmp_path, monkeypatch):
+    monkeypatch.setattr(server_group, "MAX_RESTARTS", 0)
+    events = Events()
+    plans = (stand_in(die_after=0.5, marker="always"), stand_in())
+    group = launch_servers(plans, tmp_path / "v.log", {}, events)
+    try:
+        watched = watch_training(trainer(tmp_path, 1.0), group, None, poll=0.1)
+    finally:
+        group.stop()
+    assert watched.code == 0 and watched.server_died is None
+    assert [e for e, _ in events] == ["server_lost"]
+    assert len(group.gone) == 1
+
+
+def test_a_server_that_never_answers_at_start_fails_the_start_naming_its_log(tmp_path):
+    port = free_port()
+    silent = server_plan(["sleep", "605"], port, timeout=1.0)
+    group = launch_servers((stand_in(), silent), tmp_path / "v.log", {})
+    try:
+        with pytest.raises(ServerError, match="v-node1.log"):
+            deadline = time.monotonic() + 20
+            while not group.check_started() and time.monotonic() < deadline:
+                time.sleep(0.1)
+    finally:
+        group.stop()
