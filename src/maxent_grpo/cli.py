@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="resume a run with keys that change training set otherwise than at its first "
         "start (it refuses them by default, naming each key and both values)",
     )
+    run.add_argument(
+        "--sweep-points",
+        default=None,
+        metavar="FILE",
+        help="run point $SLURM_ARRAY_TASK_ID of this sweep (written by maxent-grpo sweep)",
+    )
 
     plan = sub.add_parser("plan", help="print the launch plan (GPUs, ports, commands) only")
     _add_recipe_args(plan)
@@ -142,12 +148,32 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recipe_args(sbatch)
     _add_allocation_args(sbatch)
     sbatch.add_argument("--array", default=None, help="array spec for retries, e.g. 0-3%%1")
+    _add_sweep_command(sub)
 
     tiny = sub.add_parser("tiny-model", help="make the tiny local Qwen2 model (cached)")
     tiny.add_argument("--out", default=None, help="directory (default: .cache/models/tiny-qwen2)")
     _add_runs_commands(sub)
     _add_eval_command(sub)
     return parser
+
+
+def _add_sweep_command(sub) -> None:
+    sweep = sub.add_parser(
+        "sweep", help="check every point of a grid of overrides, then sbatch them as one array"
+    )
+    _add_recipe_args(sweep)
+    _add_allocation_args(sweep)
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        required=True,
+        help="the values to sweep, e.g. 'learning_rate=[1e-6,3e-6] maxent_tau=[0.5,1.0]'",
+    )
+    sweep.add_argument(
+        "--name", default=None, help="the sweep's name (default: the recipe's output_dir's)"
+    )
+    sweep.add_argument("--dry-run", action="store_true", help="check and list; queue nothing")
+    sweep.add_argument("--throttle", type=int, default=None, help="at most N points at a time")
 
 
 def _add_eval_command(sub) -> None:
@@ -253,8 +279,17 @@ def _run(args) -> int:
 
         request = _request(args)
         return evaluate_main(request, args.checkpoint, args.step, args.benchmark, args.queued)
+    if args.command == "sweep":
+        from maxent_grpo.launch.sweep import main as sweep_main  # sweep only
+
+        return sweep_main(_request(args), args)
     if args.command == "run":
-        return run_attempt(_request(args), early_signals=tuple(args.early_signals))
+        request = _request(args)
+        if args.sweep_points:
+            from maxent_grpo.launch.sweep import point_request  # a sweep's task only
+
+            request = point_request(request, args.sweep_points)
+        return run_attempt(request, early_signals=tuple(args.early_signals))
     if args.command == "plan":
         print(prepare(_request(args), environment=_planned(args), packages=False).describe())
         return 0

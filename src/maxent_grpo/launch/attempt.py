@@ -326,9 +326,7 @@ class Attempt(Finish):
 
     def _emit_start(self, recipe, plan: Plan) -> None:
         job = self.job
-        attempt = 0
-        if job is not None:
-            attempt = int(job.array_task_id) if job.array_task_id else job.restart_count
+        attempt = job.attempt if job is not None else 0
         emit(
             self.output_dir,
             "attempt_start",

@@ -10,8 +10,10 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from maxent_grpo.errors import UserError
+from maxent_grpo.launch.attempt import declared_output_dir
 from maxent_grpo.launch.launcher import Prepared, RunRequest, prepare
 from maxent_grpo.launch.plan import Environment, parse_visible_devices
 from maxent_grpo.launch.requirements import (
@@ -21,6 +23,7 @@ from maxent_grpo.launch.requirements import (
     recipe_values,
 )
 from maxent_grpo.recipe.problems import collecting, rule
+from maxent_grpo.rundir.sweeps import JOB_NAME
 
 
 def planned_environment(nodes: int, gpus_per_node: int) -> Environment:
@@ -85,10 +88,13 @@ def sbatch_flags(resources: dict[str, str | bool]) -> list[str]:
     return [f"--{k}" if v is True else f"--{k}={v}" for k, v in resources.items()]
 
 
-def sbatch_command(request: RunRequest, args) -> list[str]:
+def sbatch_command(request: RunRequest, args, job_name: str | None = None) -> list[str]:
+    """job_name: default `maxent-grpo:<run>`, by which `maxent-grpo runs` finds it queued."""
+    run = request.run_name or (declared_output_dir(request) or Path("run")).name
     command = [
         "sbatch",
         "--parsable",
+        f"--job-name={job_name or f'{JOB_NAME}:{run}'}",
         f"--nodes={args.nodes}",
         f"--gres=gpu:{args.gpus}",
         f"--time={args.time}",

@@ -23,6 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+# Set by the launcher of a sweep's task (launch/sweep.py): its array index is a point of the
+# sweep, a run of its own, not a retry of one run.
+SWEEP_ENV = "MAXENT_GRPO_SWEEP_POINT"
+
 
 @dataclass(frozen=True)
 class SlurmJob:
@@ -30,6 +34,14 @@ class SlurmJob:
     array_job_id: str | None
     array_task_id: str | None
     restart_count: int
+    sweep: bool = False  # the array's tasks are a sweep's points (SWEEP_ENV)
+
+    @property
+    def attempt(self) -> int:
+        """Which attempt of its run this is: the array index of a retry array, else restarts."""
+        if self.array_task_id and not self.sweep:
+            return int(self.array_task_id)
+        return self.restart_count
 
     @property
     def requeue_target(self) -> str:
@@ -49,6 +61,7 @@ def slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:
         array_job_id=environ.get("SLURM_ARRAY_JOB_ID") or None,
         array_task_id=environ.get("SLURM_ARRAY_TASK_ID") or None,
         restart_count=int(environ.get("SLURM_RESTART_COUNT") or 0),
+        sweep=bool(environ.get(SWEEP_ENV)),
     )
 
 
@@ -105,10 +118,12 @@ def slurm_verdict(record: Mapping[str, str] | None, restart_count: int) -> str |
 
 
 def user_error_marker(logs_dir: Path, job: SlurmJob | None) -> Path | None:
-    """Where an array job remembers a user error (None outside an array)."""
+    """Where an array job remembers a user error (None outside an array); a sweep's task
+    remembers it for its own point only, so the other points still run."""
     if job is None or not job.array_job_id:
         return None
-    return Path(logs_dir) / f".array_{job.array_job_id}_user_error"
+    task = f"_{job.array_task_id}" if job.sweep else ""
+    return Path(logs_dir) / f".array_{job.array_job_id}{task}_user_error"
 
 
 def job_record(job: SlurmJob | None, timeout: float = 10.0) -> dict[str, str] | None:

@@ -1,0 +1,78 @@
+"""`maxent-grpo sweep` on the real test cluster: a 2x2 grid as one throttled array, one point
+failing on purpose (its reward module cannot be loaded on that point only: a user error, not
+retried), the other three finish.
+
+What it shows: one `sbatch --array=0-3%2`, each task trains its own point in its own run
+directory; point 0 fails first, and the tasks that start after it still run (a sweep task
+remembers a user error for its point alone: launch/slurm.py user_error_marker; a retry array
+would stop its later tasks); `maxent-grpo runs` shows which point failed and why.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from helpers.paths import MAXENT_GRPO, REPO
+from helpers.recipes import ONE_THREAD, small_recipe
+
+GRID = "learning_rate=[1e-3,2e-3] seed=[1,2]"
+
+
+def test_sweep_2x2_array_one_point_fails_the_others_finish(slurm_cluster, tmp_path):
+    recipe = small_recipe(
+        tmp_path,
+        **ONE_THREAD,
+        max_steps=2,
+        max_completion_length=8,
+        reward_funcs=["digit_fraction", "tests.helpers.sweep_rewards:constant"],
+        reward_weights=[1.0, 1.0],
+    )
+    env = {
+        **slurm_cluster.env,
+        # training.sh's header writes logs/slurm_%j.* in the repository; these win over it.
+        "SBATCH_OUTPUT": f"{tmp_path}/slurm_%A_%a.out",
+        "SBATCH_ERROR": f"{tmp_path}/slurm_%A_%a.err",
+    }
+    command = [MAXENT_GRPO, "sweep", "--config", str(recipe), "--grid", GRID, "--name", "sw"]
+    command += ["--gpus", "1", "--cpus-per-task", "2", "--mem", "2G", "--time", "10"]
+    command += ["--throttle", "2", "--logs-dir", str(tmp_path / "logs")]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sweep sw: 4 point(s), all checked" in result.stdout
+    job = result.stdout.split("submitted array job ")[1].split()[0]
+    tasks = slurm_cluster.job_records(job)
+    assert {r.get("ArrayTaskThrottle") for r in tasks} == {"2"}
+
+    slurm_cluster.wait(job, timeout=600, poll=2)
+    states = {r["ArrayTaskId"]: r["JobState"] for r in slurm_cluster.job_records(job)}
+    err = "\n".join(p.read_text() for p in sorted(tmp_path.glob("slurm_*.err")))
+    assert states == {"0": "FAILED", "1": "COMPLETED", "2": "COMPLETED", "3": "COMPLETED"}, err
+
+    names = [f"sw-learning_rate={lr}-seed={s}" for lr in ("1e-3", "2e-3") for s in (1, 2)]
+    for name in names[1:]:
+        assert (tmp_path / name / "model.safetensors").is_file(), name
+    settings = json.loads((tmp_path / names[3] / "run_settings.json").read_text())
+    assert settings["values"]["learning_rate"] == 2e-3 and settings["values"]["seed"] == 2
+
+    listed = subprocess.run(
+        [MAXENT_GRPO, "runs", "--json", "--dir", str(tmp_path), "--dir", str(tmp_path / "logs")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    runs = {r["run"]: r for r in json.loads(listed.stdout)}
+    assert {runs[n]["state"] for n in names[1:]} == {"completed"}, listed.stdout
+    failed = runs[names[0]]
+    assert failed["state"] == "failed" and failed["outcome"] == "user_error", failed
+    assert "point 0 cannot load this reward" in failed["reason"], failed
+    print(
+        subprocess.run(
+            [MAXENT_GRPO, "runs", "--dir", str(tmp_path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+    )
