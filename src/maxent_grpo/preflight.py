@@ -40,6 +40,12 @@ def check_rewards(script_args, training_args) -> None:
         )
     except UserError as exc:  # the registry's one line: one problem among the recipe's others
         raise ConfigError(str(exc)) from None
+    try:
+        from maxent_grpo.rewards.tools import get_tools  # imports transformers: seconds
+
+        get_tools(script_args.tools, script_args.tool_settings())  # imports and checks each
+    except UserError as exc:
+        raise ConfigError(str(exc)) from None
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(funcs):
         raise ConfigError(

@@ -105,6 +105,25 @@ class ScriptArguments:
             "RewardServerDown."
         },
     )
+    tools: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Tools the model may call during generation (TRL's tool-calling loop; "
+            "docs/tools.md): 'python' (runs the program in the code sandbox, code_sandbox and "
+            "code_memory_mb) or 'module:function' (type hints and a docstring with Args:). The "
+            "chat template must support tool calls. Turns: max_tool_calling_iterations."
+        },
+    )
+    tool_timeout_seconds: Annotated[float, Accepts(range=(">", 0))] = field(
+        default=10.0,
+        metadata={"help": "Time limit of one tool call; past it the call is a tool error."},
+    )
+    tool_output_max_chars: Annotated[int, Accepts(range=(">=", 1))] = field(
+        default=2000,
+        metadata={
+            "help": "A tool's output is cut to this many characters before the model sees it."
+        },
+    )
     repetition_n_grams: Annotated[int, Accepts(range=(">=", 1))] = field(
         default=3, metadata={"help": "n-gram size of the repetition_penalty reward."}
     )
@@ -236,6 +255,11 @@ class ScriptArguments:
             "'--qos=low'] (default: the training job's partition)."
         },
     )
+
+    def tool_settings(self) -> dict[str, Any]:
+        """The settings of rewards/tools.py's get_tools."""
+        names = ("tool_timeout_seconds", "tool_output_max_chars", "code_memory_mb", "code_sandbox")
+        return {name: getattr(self, name) for name in names}
 
     def reward_settings(self, max_completion_length: int) -> dict[str, Any]:
         """The keyword settings of the parametrised built-in rewards."""

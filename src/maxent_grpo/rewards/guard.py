@@ -21,11 +21,12 @@ class RewardTimeout(Exception):
     """A reward call ran past reward_timeout_seconds."""
 
 
-def _call_with_timeout(func: RewardFunc, timeout: float | None, completions, **kwargs):
-    # SIGALRM only works on the main thread (where TRL scores rewards); elsewhere: no limit.
+def call_with_timeout(func, timeout: float | None, *args, **kwargs):
+    """func(*args, **kwargs), raising RewardTimeout past `timeout` seconds (0 or None: no
+    limit). SIGALRM only works on the main thread (where TRL scores rewards and calls tools);
+    elsewhere: no limit."""
     if not timeout or threading.current_thread() is not threading.main_thread():
-        with timed("reward_func"):
-            return func(completions, **kwargs)
+        return func(*args, **kwargs)
 
     def on_alarm(_signum, _frame):
         raise RewardTimeout(f"no result after {timeout:g}s")
@@ -33,11 +34,15 @@ def _call_with_timeout(func: RewardFunc, timeout: float | None, completions, **k
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        with timed("reward_func"):
-            return func(completions, **kwargs)
+        return func(*args, **kwargs)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _call_with_timeout(func: RewardFunc, timeout: float | None, completions, **kwargs):
+    with timed("reward_func"):
+        return call_with_timeout(func, timeout, completions, **kwargs)
 
 
 class GuardedReward:

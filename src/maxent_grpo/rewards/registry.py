@@ -203,24 +203,25 @@ def _import_module(module_name: str) -> ModuleType:
                 sys.path.remove(cwd)
 
 
-def _load_custom(spec: str) -> RewardFunc:
+def load_callable(spec: str, what: str = "reward") -> Any:
+    """The callable a `module:function` spec names (what: reward or tool, for the message)."""
     module_name, _, attr = spec.rpartition(":")
     module_name, attr = module_name.strip(), attr.strip()
     if not module_name or not attr:
-        raise RewardError(f"invalid reward spec {spec!r}: expected 'module:function'")
+        raise RewardError(f"invalid {what} spec {spec!r}: expected 'module:function'")
     try:
         module = _import_module(module_name)
     except Exception as exc:  # any import-time failure is reported
-        raise RewardError(f"cannot load reward {spec!r}: {_one_line(exc)}") from exc
+        raise RewardError(f"cannot load {what} {spec!r}: {_one_line(exc)}") from exc
     obj: Any = module
     try:
         for part in attr.split("."):
             obj = getattr(obj, part)
     except AttributeError as exc:
-        raise RewardError(f"cannot load reward {spec!r}: {_one_line(exc)}") from exc
+        raise RewardError(f"cannot load {what} {spec!r}: {_one_line(exc)}") from exc
     if not callable(obj):
         raise RewardError(
-            f"cannot load reward {spec!r}: TypeError: {attr!r} in module {module_name!r} "
+            f"cannot load {what} {spec!r}: TypeError: {attr!r} in module {module_name!r} "
             f"is not callable (got {type(obj).__name__})"
         )
     return obj
@@ -277,7 +278,7 @@ def get_reward_funcs(names: Sequence[str], **settings: Any) -> list[RewardFunc |
         elif name in code.JUDGED_REWARDS:
             code.refuse_judged(name)
         elif ":" in name:
-            funcs.append(_load_custom(name))
+            funcs.append(load_callable(name))
         else:
             raise RewardError(
                 f"unknown reward {raw!r}; valid names: {', '.join(list_reward_names())} "

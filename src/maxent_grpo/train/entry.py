@@ -148,6 +148,11 @@ def _build_trainer(recipe, trainer_class):
         ),
         script_args.reward_timeout_seconds,
     )
+    from maxent_grpo.rewards.tools import get_tools
+
+    # TRL's GRPOTrainer takes tools only when there are some (it checks the chat template).
+    tools = get_tools(script_args.tools, script_args.tool_settings())
+    extra = {"tools": tools} if tools else {}
     tokenizer = load_tokenizer(model_args, training_args)
     training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
     # A text model uses every trainable parameter in each step, so DDP's search for unused
@@ -166,6 +171,7 @@ def _build_trainer(recipe, trainer_class):
             eval_dataset=eval_dataset,
             processing_class=tokenizer,
             peft_config=get_peft_config(model_args),
+            **extra,
         )
 
 
