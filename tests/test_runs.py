@@ -500,3 +500,74 @@ def test_plot_says_what_is_missing(tmp_path):
     with pytest.raises(UserError, match="no step events"):
         plot_run("started", outputs=tmp_path)
     assert (tmp_path / "started" / EVENTS_FILE).is_file()
+
+
+# ----------------------------------------------------------------------------- the Slurm queue
+# The `squeue` here is a script on PATH printing what squeue prints for the format
+# runs/queue.py asks; Slurm's own squeue is tested in tests/slurm/test_sweep.py.
+
+
+def fake_squeue(tmp_path: Path, monkeypatch, lines: str, code: int = 0, err: str = "") -> None:
+    script = tmp_path / "bin" / "squeue"
+    script.parent.mkdir(exist_ok=True)
+    (tmp_path / "squeue.out").write_text(lines)
+    script.write_text(f"#!/bin/sh\ncat {tmp_path}/squeue.out\necho '{err}' >&2\nexit {code}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}/usr/bin{os.pathsep}/bin")
+
+
+def test_queued_jobs_appear_before_they_write_and_a_pending_run_says_why(
+    tmp_path, monkeypatch, capsys
+):
+    from maxent_grpo import cli
+    from maxent_grpo.rundir.sweeps import Point, write_points
+
+    out = tmp_path / "out"
+    emit(out / "old", "attempt_start", method="grpo", recipe="r", job="5", attempt=0, host=HOST)
+    emit(out / "old", "outcome", outcome="time_limit", reason="USR1", code=85, step=2)
+    points = [Point(f"sw-seed={s}", str(out / f"sw-seed={s}"), {"seed": str(s)}) for s in (1, 2)]
+    write_points(out / "sw.sweep.json", {"sweep": "sw"}, points)
+    fake_squeue(
+        tmp_path,
+        monkeypatch,
+        "7|maxent-grpo:old|PENDING|BeginTime|(null)\n"
+        "8|maxent-grpo:fresh|PENDING|JobHeldUser|(null)\n"
+        f"9_1|maxent-grpo-sweep:sw|PENDING|JobArrayTaskLimit|{out}/sw.sweep.json\n"
+        "10|maxent-grpo|RUNNING|None|(null)\n"
+        "11|someone-else|PENDING|Priority|(null)\n",
+    )
+    assert cli.main(["runs", "--json", "--dir", str(out)]) == 0
+    rows = {r["run"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"old", "fresh", "sw-seed=2", "job 10"}  # not someone else's job
+    assert (rows["fresh"]["state"], rows["fresh"]["reason"]) == (
+        "pending",
+        "queued (JobHeldUser)",
+    )
+    assert rows["old"]["state"] == "pending" and rows["old"]["jobs"] == ["5", "7"]
+    assert rows["old"]["reason"] == "queued (BeginTime); last attempt: stopped"
+    assert rows["sw-seed=2"]["reason"] == "queued (JobArrayTaskLimit)"
+    assert rows["job 10"]["state"] == "running" and rows["job 10"]["jobs"] == ["10"]
+
+    assert cli.main(["runs", "--dir", str(out), "--sweep", "sw"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in table[1:]] == [
+        ["sw-seed=1", "?", "not"],  # "not started"
+        ["sw-seed=2", "?", "pending"],
+    ]
+
+
+def test_without_slurm_runs_lists_local_runs_only(tmp_path, monkeypatch, capsys):
+    from maxent_grpo import cli
+
+    emit(tmp_path / "out" / "r", "attempt_start", method="grpo", recipe="r", job=None,
+         attempt=0, host=HOST)  # fmt: skip
+    monkeypatch.setattr("shutil.which", lambda name, *a, **k: None)  # no squeue at all
+    assert cli.main(["runs", "--json", "--dir", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert [r["run"] for r in json.loads(captured.out)] == ["r"] and captured.err == ""
+    monkeypatch.undo()  # squeue there, its controller not answering: one note, no error
+    fake_squeue(tmp_path, monkeypatch, "", 1, "squeue: error: Unable to contact slurm controller")
+    assert cli.main(["runs", "--json", "--dir", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert [r["run"] for r in json.loads(captured.out)] == ["r"]
+    assert captured.err.startswith("note: squeue failed (squeue: error: Unable to contact")

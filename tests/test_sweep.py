@@ -184,3 +184,14 @@ def test_a_point_writes_to_its_own_directory_whatever_the_sweep_overrides(tmp_pa
     picked = point_run(request, points[0])
     assert picked.overrides == ("--seed", "3", *points[0].flags)
     assert declared_output_dir(picked) == Path(points[0].output_dir)
+
+
+def test_sbatch_names_the_job_after_its_run(tmp_path, monkeypatch):
+    """`maxent-grpo runs` finds a queued job by this name (runs/queue.py)."""
+    called = fake_sbatch(tmp_path, monkeypatch)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(SMOKE.read_text() + f"\noutput_dir: {tmp_path}/named\n")
+    assert cli.main(["sbatch", "--config", str(recipe), "--gpus", "1"]) == 0
+    assert "--job-name=maxent-grpo:named" in called.read_text().split()
+    assert cli.main(["sbatch", "--config", str(recipe), "--gpus", "1", "--run-name", "r2"]) == 0
+    assert "--job-name=maxent-grpo:r2" in called.read_text().split()

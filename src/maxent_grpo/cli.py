@@ -236,6 +236,12 @@ def _add_runs_commands(sub) -> None:
     )
     runs.add_argument("--json", action="store_true", help="print JSON instead of a table")
     runs.add_argument(
+        "--sweep",
+        default=None,
+        metavar="NAME",
+        help="only the points of sweep NAME (NAME.sweep.json under --dir), in their order",
+    )
+    runs.add_argument(
         "--active-within",
         type=float,
         default=15,
@@ -269,7 +275,8 @@ def _run(args) -> int:
     if args.command == "runs":
         from maxent_grpo.runs import main as runs_main  # runs only
 
-        return runs_main(args.dirs, as_json=args.json, active_within=args.active_within * 60)
+        active = args.active_within * 60
+        return runs_main(args.dirs, as_json=args.json, active_within=active, sweep=args.sweep)
     if args.command == "plot":
         from maxent_grpo.runs.plot import main as plot_main  # plot only
 

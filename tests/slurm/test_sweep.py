@@ -19,6 +19,20 @@ from helpers.recipes import ONE_THREAD, small_recipe
 GRID = "learning_rate=[1e-3,2e-3] seed=[1,2]"
 
 
+def runs_json(env: dict, *args: str) -> list[dict]:
+    """`maxent-grpo runs --json ARGS` against the test cluster."""
+    listed = subprocess.run(
+        [MAXENT_GRPO, "runs", "--json", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0 and not listed.stderr, listed.stderr
+    return json.loads(listed.stdout)
+
+
 def test_sweep_2x2_array_one_point_fails_the_others_finish(slurm_cluster, tmp_path):
     recipe = small_recipe(
         tmp_path,
@@ -44,26 +58,27 @@ def test_sweep_2x2_array_one_point_fails_the_others_finish(slurm_cluster, tmp_pa
     tasks = slurm_cluster.job_records(job)
     assert {r.get("ArrayTaskThrottle") for r in tasks} == {"2"}
 
+    # Before any task has written anything, `runs --sweep` shows every point from the queue;
+    # the throttle holds two of them back.
+    queued = runs_json(env, "--dir", str(tmp_path), "--sweep", "sw")
+    names = [f"sw-learning_rate={lr}-seed={s}" for lr in ("1e-3", "2e-3") for s in (1, 2)]
+    assert [r["run"] for r in queued] == names
+    assert all(r["jobs"] == [job] for r in queued), queued
+    assert any(r["reason"].startswith("queued (JobArrayTaskLimit)") for r in queued), queued
+
     slurm_cluster.wait(job, timeout=600, poll=2)
     states = {r["ArrayTaskId"]: r["JobState"] for r in slurm_cluster.job_records(job)}
     err = "\n".join(p.read_text() for p in sorted(tmp_path.glob("slurm_*.err")))
     assert states == {"0": "FAILED", "1": "COMPLETED", "2": "COMPLETED", "3": "COMPLETED"}, err
 
-    names = [f"sw-learning_rate={lr}-seed={s}" for lr in ("1e-3", "2e-3") for s in (1, 2)]
     for name in names[1:]:
         assert (tmp_path / name / "model.safetensors").is_file(), name
     settings = json.loads((tmp_path / names[3] / "run_settings.json").read_text())
     assert settings["values"]["learning_rate"] == 2e-3 and settings["values"]["seed"] == 2
 
-    listed = subprocess.run(
-        [MAXENT_GRPO, "runs", "--json", "--dir", str(tmp_path), "--dir", str(tmp_path / "logs")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    runs = {r["run"]: r for r in json.loads(listed.stdout)}
-    assert {runs[n]["state"] for n in names[1:]} == {"completed"}, listed.stdout
+    listed = runs_json(env, "--dir", str(tmp_path), "--dir", str(tmp_path / "logs"))
+    runs = {r["run"]: r for r in listed}
+    assert {runs[n]["state"] for n in names[1:]} == {"completed"}, listed
     failed = runs[names[0]]
     assert failed["state"] == "failed" and failed["outcome"] == "user_error", failed
     assert "point 0 cannot load this reward" in failed["reason"], failed
@@ -76,3 +91,20 @@ def test_sweep_2x2_array_one_point_fails_the_others_finish(slurm_cluster, tmp_pa
             timeout=120,
         ).stdout
     )
+
+
+def test_a_held_job_is_in_runs_before_it_has_written_anything(slurm_cluster, tmp_path):
+    """A job held in the queue (`sbatch --hold`), named as `maxent-grpo sbatch` names it
+    (tests/test_sweep.py), is a `pending` row of `runs` with Slurm's reason."""
+    recipe = small_recipe(tmp_path, **ONE_THREAD, output_dir=str(tmp_path / "held-run"))
+    args = ["--hold", "--job-name=maxent-grpo:held-run", f"--output={tmp_path}/slurm_%j.out"]
+    args += ["--gres=gpu:1", "--cpus-per-task=1", "--mem=1G", "training.sh"]
+    job = slurm_cluster.submit([*args, "--config", str(recipe)], cwd=REPO)
+    try:
+        rows = {r["run"]: r for r in runs_json(slurm_cluster.env, "--dir", str(tmp_path))}
+        assert rows["held-run"]["state"] == "pending", rows
+        assert rows["held-run"]["reason"] == "queued (JobHeldUser)"
+        assert rows["held-run"]["jobs"] == [job]
+        assert not (tmp_path / "held-run").exists()  # nothing written: the queue alone says it
+    finally:
+        slurm_cluster.cancel(job)

@@ -5,10 +5,13 @@
 - `sources`: what else is on disk: output directories (markers, checkpoints, trainer state),
   log files found by name (never parsed), live processes in /proc;
 - `state`: the state rules, from the events and those facts;
-- `table`: one row per run (`maxent-grpo runs`); `plot`: a run's curves (`maxent-grpo plot`).
+- `table`: one row per run; `queue`: the toolkit's jobs in the Slurm queue (squeue);
+  `command`: `maxent-grpo runs` (files, queue, a sweep's points); `plot`: a run's curves
+  (`maxent-grpo plot`).
 """
 
+from maxent_grpo.runs.command import main
 from maxent_grpo.runs.state import KILLED, NO_EVENTS, decide_state
-from maxent_grpo.runs.table import RunInfo, collect_runs, format_table, main
+from maxent_grpo.runs.table import RunInfo, collect_runs, format_table
 
 __all__ = ["KILLED", "NO_EVENTS", "RunInfo", "collect_runs", "decide_state", "format_table", "main"]

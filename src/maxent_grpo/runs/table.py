@@ -5,7 +5,6 @@ Nothing here starts, asks or changes anything: no Slurm commands, no model impor
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -355,22 +354,3 @@ def format_table(runs: Sequence[RunInfo], now: float | None = None) -> str:
         cells = [cell.ljust(widths[i]) for i, cell in enumerate(row)]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
-
-
-def main(
-    dirs: Sequence[str] | None = None,
-    as_json: bool = False,
-    active_within: float = ACTIVE_WITHIN_S,
-) -> int:
-    now = time.time()
-    runs = collect_runs(dirs or ("outputs", "logs"), now=now, active_within=active_within)
-    if as_json:
-        print(json.dumps([r.to_dict(now) for r in runs], indent=2))
-    elif not runs:
-        print(f"no runs found under {', '.join(dirs or ('outputs', 'logs'))}")
-    else:
-        try:
-            print(format_table(runs, now), flush=True)
-        except BrokenPipeError:  # `maxent-grpo runs | head`
-            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-    return 0

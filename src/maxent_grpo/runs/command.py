@@ -1,0 +1,70 @@
+"""`maxent-grpo runs`: the runs found on disk, the toolkit's jobs in the Slurm queue, and, with
+`--sweep NAME`, the points of one sweep in their order."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from maxent_grpo.errors import UserError
+from maxent_grpo.rundir.sweeps import POINTS_SUFFIX, Point, find_points, read_points
+from maxent_grpo.runs.queue import merge_queue, read_queue
+from maxent_grpo.runs.table import ACTIVE_WITHIN_S, RunInfo, collect_runs, format_table
+
+DEFAULT_DIRS = ("outputs", "logs")
+
+
+def sweep_of(sweep: str, dirs: Sequence[str]) -> list[Point]:
+    """The points of sweep NAME, from NAME.sweep.json in one of `dirs`."""
+    path = find_points(sweep, list(dirs))
+    if path is None:
+        raise UserError(
+            f"runs --sweep {sweep}: no {sweep}{POINTS_SUFFIX} under {', '.join(dirs)}; "
+            "give --dir with the folder that holds the sweep's runs"
+        )
+    return read_points(path)[1]
+
+
+def only_points(runs: list[RunInfo], points: list[Point]) -> list[RunInfo]:
+    """The sweep's rows in point order; a point with no files and no queued job says so."""
+    by_name = {run.run: run for run in runs}
+    return [
+        by_name.get(p.name)
+        or RunInfo(run=p.name, state="not started", reason="not queued and nothing written")
+        for p in points
+    ]
+
+
+def main(
+    dirs: Sequence[str] | None = None,
+    as_json: bool = False,
+    active_within: float = ACTIVE_WITHIN_S,
+    sweep: str | None = None,
+) -> int:
+    now = time.time()
+    dirs = list(dirs or DEFAULT_DIRS)
+    points = sweep_of(sweep, dirs) if sweep else None
+    for parent in dict.fromkeys(str(Path(p.output_dir).parent) for p in points or []):
+        if parent not in dirs:
+            dirs.append(parent)  # the points' runs, wherever the sweep put them
+    runs = collect_runs(dirs, now=now, active_within=active_within)
+    jobs, note = read_queue()
+    if note:
+        print(note, file=sys.stderr)
+    runs = merge_queue(runs, jobs)
+    if points is not None:
+        runs = only_points(runs, points)
+    if as_json:
+        print(json.dumps([r.to_dict(now) for r in runs], indent=2))
+    elif not runs:
+        print(f"no runs found under {', '.join(dirs)} and none queued")
+    else:
+        try:
+            print(format_table(runs, now), flush=True)
+        except BrokenPipeError:  # `maxent-grpo runs | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    return 0
