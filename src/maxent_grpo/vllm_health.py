@@ -16,6 +16,19 @@ from collections.abc import Callable
 from maxent_grpo.errors import UserError
 
 LOG_TAIL_LINES = 15
+# vllm_nodes > 1: every server's base URL, comma-separated, in the trainers' environment (the
+# launcher's plan sets it; train/server_pool.py reads it). Server I's NCCL group port is the
+# first server's plus I (group_port_of): the plan assigns them, the trainers' pool uses them.
+SERVERS_VARIABLE = "MAXENT_GRPO_VLLM_SERVERS"
+
+
+def group_port_of(first: int, index: int) -> int:
+    return first + index
+
+
+def server_urls(value: str | None) -> tuple[str, ...]:
+    """SERVERS_VARIABLE's value -> the base URLs (empty, unset: none)."""
+    return tuple(u.strip().rstrip("/") for u in (value or "").split(",") if u.strip())
 PROBE_TIMEOUT = 5.0
 
 # No proxy for health probes: the server is on this node or a node of the same job.

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 
-from maxent_grpo.vllm_health import HealthWait
+from maxent_grpo.rundir.events import emit
+from maxent_grpo.train.server_pool import ServerPool
+from maxent_grpo.vllm_health import SERVERS_VARIABLE, HealthWait, group_port_of, server_urls
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +79,7 @@ def deferred_generation_class():
 
         _client = None
         logprobs_check_due = False
+        run_dir = None  # output_dir: the server pool's events (set by VLLMSyncMixin)
 
         @property
         def vllm_client(self):
@@ -93,9 +97,13 @@ def deferred_generation_class():
         def connect(self):
             """Wait for the server (bounded), then open the client; once."""
             if self._client is None:
-                base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
-                wait_for_server(base_url, self.server_timeout)
-                self._open_client(base_url)
+                urls = server_urls(os.environ.get(SERVERS_VARIABLE))
+                if len(urls) > 1 and self.server_base_url is None:  # vllm_nodes > 1
+                    self._client = self._open_pool(urls)
+                else:
+                    url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
+                    wait_for_server(url, self.server_timeout)
+                    self._open_client(url)
                 if self.logprobs_check_due:
                     check_logprobs_mode(self._client)
             return self._client
@@ -103,5 +111,27 @@ def deferred_generation_class():
         def _open_client(self, base_url: str) -> None:
             """TRL's own connection: its client and the NCCL weight-transfer group."""
             super()._init_vllm()
+
+        def _open_pool(self, urls: tuple[str, ...]) -> ServerPool:
+            """A client per server (each waited for), behind one pool (train/server_pool.py)."""
+            clients = []
+            for index, url in enumerate(urls):
+                wait_for_server(url, self.server_timeout)
+                clients.append(self._new_client(url, group_port_of(self.group_port, index)))
+            event = functools.partial(emit, self.run_dir) if self.run_dir else None
+            pool = ServerPool(clients, self.server_timeout, *([event] if event else []))
+            self._init_pool(pool)
+            return pool
+
+        def _new_client(self, url: str, group_port: int):
+            from trl.generation.vllm_client import VLLMClient  # TRL is slow to import
+
+            return VLLMClient(
+                base_url=url, group_port=group_port, connection_timeout=self.server_timeout
+            )
+
+        def _init_pool(self, pool: ServerPool) -> None:
+            """NCCL sync: a weight-transfer group per server, as TRL opens one."""
+            pool.init_communicator(self.accelerator.device)
 
     return DeferredVLLMGeneration

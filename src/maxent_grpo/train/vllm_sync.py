@@ -45,8 +45,10 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlparse
 
 from maxent_grpo.errors import UserError
+from maxent_grpo.train.server_pool import ServerPool, for_each
 from maxent_grpo.train.vllm_connect import deferred_generation_class
 
 WEIGHT_SYNC_METRIC = "vllm/weight_sync_seconds"
@@ -154,10 +156,19 @@ def reload_weights(client, directory: Path) -> None:
         )
 
 
+def _reload_and_reset(client, directory: Path) -> None:
+    reload_weights(client, directory)
+    client.reset_prefix_cache()
+
+
+def _load_lora_and_reset(client, directory: Path) -> None:
+    load_lora_adapter(client, directory)
+    client.reset_prefix_cache()
+
+
 @functools.cache
 def disk_generation_class():
     """TRL's VLLMGeneration with disk weight sync in server mode (built lazily: TRL is slow)."""
-    from trl.generation.vllm_client import VLLMClient
 
     class DiskSyncVLLMGeneration(deferred_generation_class()):
         """Server mode without an NCCL group: weights go through a safetensors directory."""
@@ -168,11 +179,10 @@ def disk_generation_class():
 
         def _open_client(self, base_url: str) -> None:
             # TRL's client (health check, generation); no init_communicator: no NCCL group.
-            self.vllm_client = VLLMClient(
-                base_url=base_url,
-                group_port=self.group_port,
-                connection_timeout=self.server_timeout,
-            )
+            self.vllm_client = self._new_client(base_url, self.group_port)
+
+        def _init_pool(self, pool) -> None:
+            return None  # no NCCL group
 
         def sync_weights(self):
             if self.mode != "server":
@@ -190,8 +200,8 @@ def disk_generation_class():
                 if writer is not None:
                     writer.close()
                     self.last_sync_bytes = writer.bytes_written()
-                    reload_weights(self.vllm_client, writer.directory)
-                    self.vllm_client.reset_prefix_cache()
+                    reload = functools.partial(_reload_and_reset, directory=writer.directory)
+                    for_each(self.vllm_client, reload, "reload_weights")  # every server
             finally:
                 if writer is not None:
                     shutil.rmtree(writer.directory, ignore_errors=True)
@@ -240,9 +250,9 @@ def lora_generation_class():
                 target = self.weights_dir / f"sync-{uuid.uuid4().hex[:12]}"
                 model.save_pretrained(str(target))
                 self.last_sync_bytes = sum(f.stat().st_size for f in target.iterdir())
-                load_lora_adapter(self.vllm_client, target)
+                load = functools.partial(_load_lora_and_reset, directory=target)
+                for_each(self.vllm_client, load, "load_lora_adapter")  # every server
                 self.vllm_client.model = LORA_NAME  # TRL's requests name this model
-                self.vllm_client.reset_prefix_cache()
                 # The previous adapters' files, no longer the server's: this process's last one
                 # and, at a resumed or requeued attempt's first sync, the stopped attempt's.
                 for stale in self.weights_dir.glob("sync-*"):
@@ -292,6 +302,16 @@ def sync_due(step: int, synced_step: int | None, interval: int) -> bool:
     return interval <= 1 or synced_step is None or step - synced_step >= interval
 
 
+def _log_servers(metrics, client) -> None:
+    """vllm_nodes > 1 (a ServerPool): each server's sync seconds, and prompts served so far."""
+    if not isinstance(client, ServerPool):
+        return
+    for url, seconds in client.last_sync_seconds.items():
+        metrics[f"{WEIGHT_SYNC_METRIC}/{urlparse(url).netloc}"].append(seconds)
+    for url, served in zip(client.urls, client.prompts_served, strict=True):
+        metrics[f"vllm/prompts_served/{urlparse(url).netloc}"].append(served)
+
+
 class VLLMSyncMixin:
     """Trainer mixin: `vllm_weight_sync` (nccl | disk) and the weight-sync time metric.
 
@@ -321,6 +341,7 @@ class VLLMSyncMixin:
 
     def _time_weight_sync(self) -> None:
         generation = self.vllm_generation
+        generation.run_dir = self.args.output_dir  # the server pool's events
         sync = generation.sync_weights
         interval = getattr(self.args, "vllm_sync_interval_steps", 1)
         synced_step = None
@@ -344,6 +365,7 @@ class VLLMSyncMixin:
             seconds = time.perf_counter() - start
             synced_step = generation.synced_step = step  # the server's policy version
             self._metrics[mode][WEIGHT_SYNC_METRIC].append(seconds)
+            _log_servers(self._metrics[mode], getattr(generation, "_client", None))
             self._metrics[mode][POLICY_LAG_METRIC].append(0)
             sent = getattr(generation, "last_sync_bytes", None)  # disk sync, main process
             if sent is not None:

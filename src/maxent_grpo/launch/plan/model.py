@@ -6,10 +6,12 @@ import shlex
 from dataclasses import dataclass, field
 
 from maxent_grpo.errors import UserError
+from maxent_grpo.vllm_health import SERVERS_VARIABLE
 
-# How trainers reach several servers (vllm_nodes > 1): the addresses in this variable.
-SERVERS_VARIABLE = "MAXENT_GRPO_VLLM_SERVERS"
-ROUTING = f"trainers get every server's address ({SERVERS_VARIABLE})"
+ROUTING = (
+    f"in the trainers (train/server_pool.py, addresses in {SERVERS_VARIABLE}): each request "
+    "spread by outstanding work, weights synced to every server"
+)
 
 
 class PlanError(UserError):

@@ -13,6 +13,7 @@ from maxent_grpo.launch.plan.checks import (
 )
 from maxent_grpo.launch.plan.model import Environment, PlanError, Ports, ServerPlan
 from maxent_grpo.recipe.parser import RecipeKeys
+from maxent_grpo.vllm_health import group_port_of
 
 # `python -m` target of the server command (vLLM's own CLI, in this venv's interpreter).
 VLLM_MODULE = "vllm.entrypoints.cli.main"
@@ -74,7 +75,7 @@ def node_servers(env: Environment, recipe: RecipeKeys, ports: Ports) -> tuple[Se
     check_server_nodes(env, recipe)
     servers = []
     for index, node in enumerate(env.nodes[: recipe.vllm_nodes]):
-        own = dataclasses.replace(ports, vllm_group=ports.vllm_group + index)
+        own = dataclasses.replace(ports, vllm_group=group_port_of(ports.vllm_group, index))
         if recipe.vllm_server_device == "cpu":
             check_cpu_server(recipe)
             replicas, gpus, device = data_parallel_size(recipe, 0, len(env.nodes)), (), "cpu"

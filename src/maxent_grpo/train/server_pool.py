@@ -1,0 +1,224 @@
+"""Several vLLM servers behind one client (vllm_nodes > 1): the trainers' router.
+
+The main process holds one TRL VLLMClient per server (the launcher's plan puts their URLs in
+SERVERS_VARIABLE) and a ServerPool in place of the one client TRL's VLLMGeneration uses:
+
+- Generation: the request's prompts are cut into small chunks (CHUNKS_PER_SERVER per live
+  server) and each live server takes the next chunk as soon as it has answered its last, so
+  work goes by outstanding work (a slow or busy server takes fewer chunks). Answers are put
+  back in prompt order, so the trainer sees one request's answer. A server that refuses the
+  connection, times out (the recipe's vllm_server_timeout) or answers 5xx is lost: its chunk
+  goes to the others, and the step goes on; with no server left the step fails.
+- Weight sync (disk, lora, nccl): each call goes to every live server in turn, timed per
+  server (`last_sync_seconds`), and a server that fails it is lost. Before each sync, lost
+  servers that answer /health again (the launcher restarts them, launch/server_group.py)
+  rejoin, so they get the step's weights before they take a request.
+
+Why not the `vllm-router` package: it is a separate Rust process to start, watch and restart,
+it does not carry the weight-sync calls (dev-mode /collective_rpc, the NCCL group per server)
+and it cannot tell the trainer which server has which weights; the pool is a few dozen lines
+over TRL's own client.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from maxent_grpo.vllm_health import PROBE_TIMEOUT, ServerError, probe
+
+CHUNKS_PER_SERVER = 4
+CONNECT_TIMEOUT_S = 10.0
+# What loses a server (the others take its work); anything else is the request's own fault.
+LOST = (requests.ConnectionError, requests.Timeout)
+
+
+def _is_lost(exc: Exception) -> bool:
+    """A refused or silent server, or one answering 5xx (TRL: "Request failed: 503, ...";
+    our weight-sync calls: "... HTTP 500: ...")."""
+    text = str(exc)
+    return isinstance(exc, LOST) or text.startswith("Request failed: 5") or "HTTP 5" in text
+
+
+# Keys of TRL's generate() answer, each one entry per prompt or per completion.
+ANSWER_KEYS = ("prompt_ids", "completion_ids", "logprobs", "logprob_token_ids")
+
+
+class _Bounded(HTTPAdapter):
+    """No retries (another server takes the work) and a timeout on every request: TRL's
+    session retries a refused connection for about a minute and waits forever for an answer."""
+
+    def __init__(self, timeout: float):
+        super().__init__(max_retries=0, pool_maxsize=64)
+        self.timeout = timeout
+
+    def send(self, request, **kwargs):
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = (CONNECT_TIMEOUT_S, self.timeout)
+        return super().send(request, **kwargs)
+
+
+def _no_event(event: str, **fields) -> None:
+    return None
+
+
+class ServerPool:
+    def __init__(self, clients: list, timeout: float, event: Callable[..., None] = _no_event):
+        self.clients = list(clients)
+        for client in self.clients:
+            client.session.mount("http://", _Bounded(timeout))
+            client.session.mount("https://", _Bounded(timeout))
+        self.live = list(range(len(self.clients)))
+        self.event = event
+        self.prompts_served = [0] * len(self.clients)  # per server, since the start
+        self.last_sync_seconds: dict[str, float] = {}  # per server URL, the last sync
+        self.device = None  # NCCL sync: the trainer's device, for a rejoining server's group
+
+    @property
+    def urls(self) -> list[str]:
+        return [c.base_url for c in self.clients]
+
+    @property
+    def model(self) -> str:
+        return self.clients[0].model
+
+    @model.setter
+    def model(self, name: str) -> None:  # LoRA sync: requests name the adapter, on every server
+        for client in self.clients:
+            client.model = name
+
+    def _lose(self, index: int, why: str) -> None:
+        if index in self.live:
+            self.live.remove(index)
+            url = self.clients[index].base_url
+            print(
+                f"vLLM server {url} lost ({why}); the other servers take its requests", flush=True
+            )
+            self.event("server_lost", url=url, reason=why, by="trainer")
+
+    def _check_any(self) -> None:
+        if not self.live:
+            raise ServerError(f"every vLLM server is lost ({', '.join(self.urls)})")
+
+    def generate(self, prompts: list, features: list | None = None, **params) -> dict:
+        """TRL's VLLMClient.generate over the live servers; the answer in prompt order."""
+        self._check_any()
+        size = max(1, -(-len(prompts) // (CHUNKS_PER_SERVER * len(self.live))))
+        chunks = [range(i, min(i + size, len(prompts))) for i in range(0, len(prompts), size)]
+        todo: queue.Queue[int] = queue.Queue()
+        for number in range(len(chunks)):
+            todo.put(number)
+        answers: dict[int, dict] = {}
+
+        def serve(index: int) -> None:
+            client = self.clients[index]
+            while len(answers) < len(chunks) and index in self.live:
+                try:
+                    number = todo.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                part = chunks[number]
+                try:
+                    answers[number] = client.generate(
+                        [prompts[i] for i in part],
+                        None if features is None else [features[i] for i in part],
+                        **params,
+                    )
+                    self.prompts_served[index] += len(part)
+                except Exception as exc:
+                    if not _is_lost(exc):  # the request's own fault: no server would answer
+                        answers[number] = {"error": exc}
+                        return
+                    todo.put(number)
+                    self._lose(index, f"{type(exc).__name__} during generation: {str(exc)[:200]}")
+
+        self._run_each(serve, list(self.live))
+        failed = [a["error"] for a in answers.values() if "error" in a]
+        if failed:
+            raise failed[0]
+        self._check_any()
+        return {key: _joined(answers, len(chunks), key) for key in ANSWER_KEYS}
+
+    def _run_each(self, work: Callable[[int], None], indices: list[int]) -> None:
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in indices]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def rejoin(self) -> list[str]:
+        """Lost servers that answer /health again go back to the live ones (call it right
+        before a weight sync, which then gives them the current weights)."""
+        back = []
+        for index, client in enumerate(self.clients):
+            if index in self.live:
+                continue
+            if probe(f"{client.base_url}/health", timeout=PROBE_TIMEOUT) == 200:
+                if self.device is not None:  # a restarted server has a new NCCL group
+                    client.init_communicator(device=self.device)
+                self.live.append(index)
+                back.append(client.base_url)
+                print(f"vLLM server {client.base_url} is back; it gets the weights first")
+                self.event("server_back", url=client.base_url, by="trainer")
+        self.live.sort()
+        return back
+
+    def each(self, call: Callable, what: str, rejoin: bool = True) -> None:
+        """call(client) on every live server in turn (weight sync), timed per server; a
+        server that fails it is lost; raises when none is left. rejoin: lost servers that
+        answer again first (only for a call that gives them the weights)."""
+        if rejoin:
+            self.rejoin()
+        self._check_any()
+        self.last_sync_seconds = {}
+        for index in list(self.live):
+            client = self.clients[index]
+            start = time.perf_counter()
+            try:
+                call(client)
+            except Exception as exc:
+                if not _is_lost(exc):
+                    raise
+                self._lose(index, f"{what} failed: {str(exc)[:200]}")
+                continue
+            self.last_sync_seconds[client.base_url] = time.perf_counter() - start
+        self._check_any()
+
+    def reset_prefix_cache(self) -> None:
+        self.each(lambda client: client.reset_prefix_cache(), "reset_prefix_cache", rejoin=False)
+
+    def update_named_params(self, metadata, named_params) -> None:
+        """NCCL sync: the trainer's iterator runs once (every rank gathers in step), so its
+        tensors are kept until every server has had them: one copy of the weights on the main
+        process's device for the length of the sync."""
+        tensors = list(named_params)
+        self.each(lambda c: c.update_named_params(metadata, iter(tensors)), "NCCL weight sync")
+
+    def init_communicator(self, device) -> None:
+        self.device = device
+        for client in self.clients:
+            client.init_communicator(device=device)
+
+    def __getattr__(self, name: str):
+        # Reads that any server answers alike (get_server_info, get_world_size, ...).
+        return getattr(self.clients[self.live[0] if self.live else 0], name)
+
+
+def _joined(answers: dict[int, dict], count: int, key: str):
+    parts = [answers[number].get(key) for number in range(count)]
+    if any(part is None for part in parts):
+        return None
+    return [item for part in parts for item in part]
+
+
+def for_each(client, call: Callable, what: str) -> None:
+    """call(client) on one server, or on every live server of a pool."""
+    if isinstance(client, ServerPool):
+        client.each(call, what)
+    else:
+        call(client)
