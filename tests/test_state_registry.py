@@ -131,6 +131,8 @@ def stopped_and_resumed(tmp_path: Path, make_recipe, stop_at: int, steps: int):
     launch(part, make_recipe(part), stop_at=stop_at)
     out = part / "out"
     assert last_complete_checkpoint(out) == out / f"checkpoint-{stop_at}"
+    # one job of 2 processes (each saves its RNG), not 2 runs writing one checkpoint
+    assert (out / f"checkpoint-{stop_at}" / "rng_state_1.pth").is_file()
     shutil.copytree(part, tampered, ignore=shutil.ignore_patterns("logs"))
     before = event_count(out)
     log = launch(part, make_recipe(part))
@@ -180,6 +182,7 @@ MAXENT_REWARDS = recipe_data(Path("."), SMOKE_MAXENT)
 # GRPO with an adaptive beta and rollout rounds: oversampling carries surplus groups over,
 # so both registered pieces (`kl_controller`, `rollouts`) hold state at the checkpoint.
 GRPO_KEYS = dict(
+    use_cpu=None,  # unset: 2 processes without CUDA must still train as one job
     reward_funcs=["digit_fraction", STOP],
     reward_weights=[1.0, 0.0],
     num_generations=4,

@@ -16,7 +16,7 @@ from maxent_grpo.methods import METHODS
 from maxent_grpo.preflight import check_recipe
 from maxent_grpo.recipe import build_recipe, read_recipe
 from maxent_grpo.recipe.needs import import_error_line
-from maxent_grpo.recipe.parser import take_flag
+from maxent_grpo.recipe.parser import RecipeKeys, take_flag
 from maxent_grpo.train.entry import StoppedForRequeue, train
 from maxent_grpo.train.unused_libraries import mark_unused_libraries_absent
 
@@ -38,6 +38,16 @@ def world_size_from(environ) -> int:
     return int(environ.get("WORLD_SIZE") or 1)
 
 
+def on_cpu_without_cuda(keys: RecipeKeys, world_size: int) -> RecipeKeys:
+    """use_cpu: true for several processes on a machine without CUDA: without it transformers
+    does not train them as one job (each trains alone and all write the same checkpoints)."""
+    if world_size == 1 or keys.values["use_cpu"]:
+        return keys
+    import torch
+
+    return keys if torch.cuda.is_available() else keys.with_values(use_cpu=True)
+
+
 def cli_main(argv: list[str], method: str | None = None) -> int:
     """Entry point body: user errors are one line on stderr and exit code EXIT_USER_ERROR.
 
@@ -46,7 +56,7 @@ def cli_main(argv: list[str], method: str | None = None) -> int:
     world_size = world_size_from(os.environ)
     keys = None
     try:
-        keys = read_recipe(argv, method)  # no TRL yet
+        keys = on_cpu_without_cuda(read_recipe(argv, method), world_size)  # no TRL yet
         mark_unused_libraries_absent(keys)
         recipe = build_recipe(keys, world_size)
         # This process starts the run's work: the recipe's env: block applies from here on
