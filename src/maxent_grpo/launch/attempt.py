@@ -20,6 +20,7 @@ import yaml
 
 from maxent_grpo.errors import EXIT_USER_ERROR, UserError
 from maxent_grpo.launch.finish import Finish
+from maxent_grpo.launch.init_from import with_init
 from maxent_grpo.launch.launcher import Prepared, RunRequest, prepare
 from maxent_grpo.launch.outcomes import (
     log_tail,
@@ -214,8 +215,11 @@ class Attempt(Finish):
             return self._run()
 
     def _prepare(self, marker: Path | None) -> Prepared:
-        """prepare(), leaving a user error where later attempts and `maxent-grpo runs` see it."""
+        """prepare(), leaving a user error where later attempts and `maxent-grpo runs` see it.
+        init_from is resolved here, at job start (launch/init_from.py)."""
+        self.init_from = None
         try:
+            self.request, self.init_from = with_init(self.request)
             return prepare(self.request, self.environ)
         except UserError as exc:
             if marker is not None:
@@ -252,6 +256,10 @@ class Attempt(Finish):
         clear_heartbeats(self.output_dir)  # and its heartbeats and exit reports
         previous = previous_outcome(self.output_dir)
         self._emit_start(recipe, plan)
+        if self.init_from is not None:
+            source, path = self.init_from
+            print(f"init_from {source}: starting from {path}", flush=True)
+            emit(self.output_dir, "init_from", source=source, path=str(path))
         if self.stop_reason is not None:
             request_stop(self.output_dir, self.stop_reason)
             emit(self.output_dir, "stop_request", reason=self.stop_reason)

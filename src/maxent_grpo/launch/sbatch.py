@@ -14,6 +14,7 @@ from pathlib import Path
 
 from maxent_grpo.errors import UserError
 from maxent_grpo.launch.attempt import declared_output_dir
+from maxent_grpo.launch.init_from import init_note
 from maxent_grpo.launch.launcher import Prepared, RunRequest, prepare
 from maxent_grpo.launch.plan import Environment, parse_visible_devices
 from maxent_grpo.launch.requirements import (
@@ -53,6 +54,8 @@ def check_for(
         # full: the trainers' checks too (TRL's own included), which the launcher leaves to them
         prepared = prepare(request, environment=environment, full=True, packages=not elsewhere)
     notes = [*prepared.keys.notes, *(f"idle GPUs: {line}" for line in prepared.plan.idle)]
+    if init := init_note(request):
+        notes.append(init)
     if elsewhere and (installs := job_installs(path, values)):
         notes.append(installs)
     return prepared, notes

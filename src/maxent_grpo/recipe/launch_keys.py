@@ -31,6 +31,16 @@ class LauncherKeys:
             "(default: plain multi-GPU data parallel)."
         },
     )
+    init_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "Start from another run's model: a run name (under outputs/), a run "
+            "directory (its final model; the run must have finished) or a complete "
+            "checkpoint-N directory. Resolved when the job starts, so a job may wait on the "
+            "one that makes it (sbatch --dependency=afterok:JOB); replaces "
+            "model_name_or_path, and is recorded in the run's settings and events."
+        },
+    )
     max_requeues: Annotated[int, Accepts(range=(">=", 0))] = field(
         default=10,
         metadata={

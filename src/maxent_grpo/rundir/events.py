@@ -26,6 +26,7 @@ EVENTS = {
     "step": "step, metrics (the trainer's logged scalars: reward, loss, kl, ...), max_steps",
     "checkpoint": "step, path (once the checkpoint is complete)",
     "stop_request": "reason",
+    "init_from": "source (as the recipe gives it), path (the model directory it resolved to)",
     # vllm_nodes > 1 (launch/server_group.py): a server exited, and came back healthy
     "server_lost": "node, url, reason",
     "server_back": "node, url, after_s (seconds from lost to healthy again)",
