@@ -17,22 +17,30 @@ from maxent_grpo.launch.watchdog import watch_training
 from maxent_grpo.vllm_health import ServerError
 from test_server import PY, python_command, server_plan
 
-# Answers /health; exits with code 7 after `die_after` s on the starts that find no marker
-# file (the marker is written first: with a marker path, only the first start dies).
+# Answers /health; exits with code 7 after `die_after` s (or, negative, stops answering after
+# -die_after s) on the starts that find no marker file (the marker is written first: with a
+# marker path, only the first start fails; "always": every start).
 SERVER = """
-    import os, sys, threading
+    import os, sys, threading, time
     from http.server import BaseHTTPRequestHandler, HTTPServer
     port, die_after, marker = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+    state = {"silent": False}
     class H(BaseHTTPRequestHandler):
         def do_GET(self):
+            if state["silent"]:
+                time.sleep(600)  # alive, never answering (one request at a time: all wait)
             self.send_response(200); self.end_headers()
         def log_message(self, *a):
             pass
     print("serving on", port, flush=True)
-    if die_after > 0 and not os.path.exists(marker):
+    if die_after and not os.path.exists(marker):
         if marker != "always":
             open(marker, "w").close()
-        threading.Timer(die_after, lambda: (print("engine died", flush=True), os._exit(7))).start()
+        if die_after < 0:
+            threading.Timer(-die_after, lambda: state.update(silent=True)).start()
+        else:
+            died = lambda: (print("engine died", flush=True), os._exit(7))
+            threading.Timer(die_after, died).start()
     HTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
@@ -67,8 +75,8 @@ def test_a_lost_server_is_restarted_with_its_own_log_and_training_goes_on(tmp_pa
     assert lost["node"] == "127.0.0.1" and "exited with code 7" in lost["reason"]
     assert back["url"] == plans[1].url and back["after_s"] >= 0
     # Each server, and each restart, writes a log of its own.
-    assert "engine died" in (tmp_path / "run_vllm-node1.log").read_text()
-    assert "serving on" in (tmp_path / "run_vllm-node1-restart1.log").read_text()
+    assert "engine died" in (tmp_path / "run_vllm-server1.log").read_text()
+    assert "serving on" in (tmp_path / "run_vllm-server1-restart1.log").read_text()
     assert "engine died" not in (tmp_path / "run_vllm.log").read_text()
 
 
@@ -111,9 +119,26 @@ def test_a_server_that_never_answers_at_start_fails_the_start_naming_its_log(tmp
     silent = server_plan(["sleep", "605"], port, timeout=1.0)
     group = launch_servers((stand_in(), silent), tmp_path / "v.log", {})
     try:
-        with pytest.raises(ServerError, match="v-node1.log"):
+        with pytest.raises(ServerError, match="v-server1.log"):
             deadline = time.monotonic() + 20
             while not group.check_started() and time.monotonic() < deadline:
                 time.sleep(0.1)
     finally:
         group.stop()
+
+
+def test_a_server_that_stops_answering_is_stopped_and_restarted(tmp_path, monkeypatch):
+    """What a killed vLLM API server behind srun looks like: the step lives on, unanswering."""
+    monkeypatch.setattr(server_group, "HEALTH_EVERY_S", 0.1)
+    monkeypatch.setattr(server_group, "SILENT_LOST_S", 0.5)
+    monkeypatch.setattr(server_group, "HEALTH_PROBE_S", 0.2)
+    events = Events()
+    plans = (stand_in(), stand_in(die_after=-0.2, marker=str(tmp_path / "silent-once")))
+    group = launch_servers(plans, tmp_path / "v.log", {}, events)
+    try:
+        watched = watch_training(trainer(tmp_path, 2.0), group, None, poll=0.1)
+    finally:
+        group.stop()
+    assert watched.code == 0 and watched.server_died is None
+    assert [e for e, _ in events] == ["server_lost", "server_back"]
+    assert "did not answer" in events[0][1]["reason"]

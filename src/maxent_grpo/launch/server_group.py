@@ -20,10 +20,16 @@ from pathlib import Path
 
 from maxent_grpo.launch.plan import ServerPlan
 from maxent_grpo.launch.server import VLLMServer
-from maxent_grpo.vllm_health import ServerError
+from maxent_grpo.vllm_health import ServerError, probe
 
 # Restarts of one server within one attempt (each a full vLLM start: model load, warm-up).
 MAX_RESTARTS = 3
+# A running server's /health is asked every HEALTH_EVERY_S; one that has not answered 200 for
+# SILENT_LOST_S is lost too (stopped, then restarted). Why not wait for its exit: an srun step
+# whose API server was killed outlives it while vLLM's engine process holds its output open.
+HEALTH_EVERY_S = 5.0
+SILENT_LOST_S = 30.0
+HEALTH_PROBE_S = 2.0  # each probe's own bound: the launcher's loop waits for it
 
 
 def _no_event(event: str, **fields) -> None:
@@ -55,6 +61,8 @@ class ServerGroup:
         self.log_path = Path(log_path)  # the first server's log (the hang path's stacks)
         self.servers = [VLLMServer(p, self._log(i, 0), environ) for i, p in enumerate(plans)]
         self.restarts = [0] * len(plans)
+        self.answered = [time.monotonic()] * len(plans)  # last /health 200, per server
+        self.next_probe = [0.0] * len(plans)
         self.lost_at: dict[int, float] = {}  # index -> when it was found gone
         self.gone: dict[int, str] = {}  # index -> why it is lost for good
         self.event = event
@@ -64,7 +72,7 @@ class ServerGroup:
 
     def _log(self, index: int, restart: int) -> Path:
         """Server 0 keeps the run's vLLM log name; the others (and restarts) get their own."""
-        suffix = (f"-node{index}" if index else "") + (f"-restart{restart}" if restart else "")
+        suffix = (f"-server{index}" if index else "") + (f"-restart{restart}" if restart else "")
         return self.log_path.with_name(f"{self.log_path.stem}{suffix}{self.log_path.suffix}")
 
     def start(self) -> ServerGroup:
@@ -87,6 +95,7 @@ class ServerGroup:
             if not all([s.check_started(cancelled) for s in self.servers]):
                 return False
             self.healthy_after = time.monotonic() - self._start
+            self.answered = [time.monotonic()] * len(self.servers)  # silence counts from here
         return True
 
     def died_message(self) -> str | None:
@@ -98,9 +107,22 @@ class ServerGroup:
                 self._watch_restart(index, server)
             elif server.poll() is not None:
                 self._lost(index, server, f"exited with code {server.poll()}")
+            elif self._silent_s(index, server) > SILENT_LOST_S:
+                server.stop(grace=5)
+                silent = f"did not answer {server.plan.health_url} for {SILENT_LOST_S:g}s"
+                self._lost(index, server, silent)
         if len(self.gone) == len(self.servers):
             return "every vLLM server is lost: " + "; ".join(self.gone.values())
         return None
+
+    def _silent_s(self, index: int, server: VLLMServer) -> float:
+        """Seconds since the server last answered /health 200 (probed every HEALTH_EVERY_S)."""
+        now = time.monotonic()
+        if now >= self.next_probe[index]:
+            self.next_probe[index] = now + HEALTH_EVERY_S
+            if probe(server.plan.health_url, timeout=HEALTH_PROBE_S) == 200:
+                self.answered[index] = time.monotonic()
+        return time.monotonic() - self.answered[index]
 
     def _lost(self, index: int, server: VLLMServer, why: str) -> None:
         node = server.plan.node
@@ -131,6 +153,7 @@ class ServerGroup:
             self._lost(index, server, f"did not come back ({str(exc).splitlines()[0]})")
             return
         took = time.monotonic() - self.lost_at.pop(index)
+        self.answered[index] = time.monotonic()
         self.event(
             "server_back", node=server.plan.node, url=server.plan.url, after_s=round(took, 1)
         )
