@@ -134,6 +134,7 @@ def test_batch_arithmetic_depends_on_the_planned_processes(tmp_path, world_size,
 # The model recipes (recipes/MODEL/METHOD/config_*.yaml): a new one is added here.
 MODEL_RECIPES = [
     "Qwen2.5-1.5B-Instruct/grpo/config_math.yaml",
+    "Qwen2.5-1.5B-Instruct/grpo/config_tools.yaml",
     "Qwen2.5-1.5B-Instruct/maxent-grpo/config_math.yaml",
 ]
 
