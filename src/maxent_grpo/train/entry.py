@@ -148,7 +148,7 @@ def _build_trainer(recipe, trainer_class):
         ),
         script_args.reward_timeout_seconds,
     )
-    from maxent_grpo.rewards.tools import get_tools
+    from maxent_grpo.rewards.tools import get_tools  # imports transformers on a custom tool
 
     # TRL's GRPOTrainer takes tools only when there are some (it checks the chat template).
     tools = get_tools(script_args.tools, script_args.tool_settings())
