@@ -46,8 +46,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _scripted(answers: list[tuple[int, bytes]], delay: float = 0.0):
-    """A server answering each POST with the next (status, body); counts requests."""
+def _scripted(answers: list[tuple[int, bytes]], delay: float = 0.0, cut: int = 0):
+    """A server answering each POST with the next (status, body); counts requests. cut: the
+    answer promises that many more bytes than it sends, then the connection closes."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802
@@ -57,7 +58,7 @@ def _scripted(answers: list[tuple[int, bytes]], delay: float = 0.0):
             time.sleep(delay)
             try:
                 self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(body) + cut))
                 self.end_headers()
                 self.wfile.write(body)
             except OSError:
@@ -112,6 +113,14 @@ def test_a_server_that_hangs_is_given_up_after_timeout_x_tries():
     with pytest.raises(RewardServerDown, match="timed out"):
         GuardedReward(reward, timeout=60)(["a"])
     assert time.monotonic() - began < reward.bound_s + 1.0 and srv.count == 2
+    srv.shutdown()
+
+
+def test_an_answer_cut_short_is_retried_then_the_server_is_down():
+    srv, url = _scripted([(200, b'{"rewards": [1.0]}')], cut=20)
+    with pytest.raises(RewardServerDown, match="2 tries .* failed .*IncompleteRead"):
+        RemoteReward(url, timeout=2, retries=1)(["a"])
+    assert srv.count == 2
     srv.shutdown()
 
 

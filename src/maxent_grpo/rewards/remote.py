@@ -15,6 +15,7 @@ only checked: the shape of the name, and for a local path, that it holds a one-l
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import re
@@ -136,7 +137,8 @@ class RemoteReward:
                         f"reward server {self.url}: HTTP {exc.code} {exc.reason}"
                     ) from None
                 last = f"HTTP {exc.code} {exc.reason}"
-            except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+                # refused, reset, timed out, cut short
                 last = str(getattr(exc, "reason", exc)) or type(exc).__name__
             else:
                 return _scores(self.url, payload, len(completions))
