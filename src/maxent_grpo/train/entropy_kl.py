@@ -56,7 +56,7 @@ class EntropyKLRule:
 
 
 def rule_of(args) -> EntropyKLRule | None:
-    """The recipe's rule (GRPOConfig's entropy_kl_* keys); None without entropy_kl_threshold."""
+    """The recipe's rule (GRPOConfig's `entropy_kl_*` keys); None without entropy_kl_threshold."""
     if getattr(args, "entropy_kl_threshold", None) is None:
         return None
     return EntropyKLRule(

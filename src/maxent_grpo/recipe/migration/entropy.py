@@ -4,7 +4,7 @@ Upstream trained two kinds (liv-daliberti/maxent-grpo, before commit 955c288):
 - objective maxent_entropy (or maxent_objective_variant: entropy without the GRPO flag): the
   clipped GRPO loss minus maxent_alpha x the policy entropy divided by ln(vocabulary), alpha
   scaled per micro-batch by the KL to the reference (maxent_alpha_raise_on_low_kl, ...).
-  Here: entropy_coef, entropy_normalize_by_max and the entropy_kl_* keys (train/entropy_kl.py,
+  Here: entropy_coef, entropy_normalize_by_max and the `entropy_kl_*` keys (train/entropy_kl.py,
   the same rule).
 - GRPO with policy_entropy_bonus_coef > 0: the completion's mean token entropy added to its
   reward before the group's normalisation. Here: the same coefficient as TRL's loss-side
