@@ -148,6 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recipe_args(sbatch)
     _add_allocation_args(sbatch)
     sbatch.add_argument("--array", default=None, help="array spec for retries, e.g. 0-3%%1")
+    sbatch.add_argument(
+        "--chain",
+        action="append",
+        default=None,
+        metavar="RECIPE",
+        help="queue RECIPE after this job, with afterok (repeatable: each after the previous)",
+    )
     _add_sweep_command(sub)
 
     tiny = sub.add_parser("tiny-model", help="make the tiny local Qwen2 model (cached)")
@@ -326,6 +333,10 @@ def _run(args) -> int:
     if args.command == "sbatch":
         from maxent_grpo.launch.sbatch import sbatch_command, submit_sbatch  # sbatch only
 
+        if args.chain:
+            from maxent_grpo.launch.chain import main as chain_main  # sbatch --chain only
+
+            return chain_main(_request(args), args)
         command = sbatch_command(_request(args), args)
         job_id = submit_sbatch(_request(args), args, command)
         print(f"submitted job {job_id}: {' '.join(command)}")
