@@ -5,6 +5,7 @@ training goes on; only when every server is lost for good does training stop."""
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 import time
 from pathlib import Path
 
@@ -142,3 +143,23 @@ def test_a_server_that_stops_answering_is_stopped_and_restarted(tmp_path, monkey
     assert watched.code == 0 and watched.server_died is None
     assert [e for e, _ in events] == ["server_lost", "server_back"]
     assert "did not answer" in events[0][1]["reason"]
+
+
+def test_a_slow_start_is_not_counted_as_silence(tmp_path, monkeypatch):
+    """Start-up is bounded by vllm_server_timeout alone (a vLLM start takes minutes)."""
+    monkeypatch.setattr(server_group, "HEALTH_EVERY_S", 0.1)
+    monkeypatch.setattr(server_group, "SILENT_LOST_S", 0.3)
+    events = Events()
+    port = free_port()
+    slow = f"import time, runpy, sys; time.sleep(1.0); sys.argv = ['-', '{port}', '0', 'never']; "
+    slow += f"exec(compile({textwrap.dedent(SERVER)!r}, 'stand-in', 'exec'))"
+    plans = (stand_in(), server_plan([PY, "-c", slow], port))
+    group = launch_servers(plans, tmp_path / "v.log", {}, events)
+    try:
+        deadline = time.monotonic() + 20
+        while not group.check_started() and time.monotonic() < deadline:
+            assert group.died_message() is None  # what the launcher's loop asks each poll
+            time.sleep(0.05)
+    finally:
+        group.stop()
+    assert events == [] and group.healthy_after >= 1.0

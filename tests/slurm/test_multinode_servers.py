@@ -21,7 +21,7 @@ from helpers.paths import SMOKE_VLLM
 
 pytestmark = pytest.mark.multinode
 
-STEPS = 150  # the restart (30 s of silence, then a vLLM CPU start) must end before the run
+STEPS = 300  # ~0.6 s each: the restart (30 s of silence, then a 60-120 s vLLM CPU start) ends first
 
 
 def _events(out: Path) -> list[dict]:

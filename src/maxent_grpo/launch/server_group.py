@@ -99,7 +99,10 @@ class ServerGroup:
         return True
 
     def died_message(self) -> str | None:
-        """None while a server runs or comes back; restarts the ones that exited (bounded)."""
+        """None while a server runs or comes back; restarts the ones that exited or went
+        silent (bounded). Nothing before every server started: check_started watches that."""
+        if self.healthy_after is None:
+            return None
         for index, server in enumerate(self.servers):
             if index in self.gone:
                 continue
