@@ -14,9 +14,9 @@ reference) measured on the same micro-batch, before that micro-batch's loss:
 
 and, with `entropy_normalize_by_max`, divided the entropy by ln(vocabulary size). Here the
 coefficient TRL applies is `entropy_coef * m / scale`, set per micro-batch. The KL is the one
-TRL computes for its penalty (k3 estimate, mean over the micro-batch's completion tokens,
-averaged over processes), so beta must be > 0. The rule reads only the micro-batch in hand:
-nothing carries over between steps, so nothing is registered for checkpoints.
+TRL computes for its penalty (k3 estimate, mean over the micro-batch's completion tokens
+outside tool output, averaged over processes), so beta must be > 0. The rule reads only the
+micro-batch in hand: nothing carries over between steps, so nothing is registered.
 
 Overrides (see docs/architecture.md): `_compute_loss` (wrapped: the inputs are kept for the
 hook) and `_get_per_token_logps_and_entropies` (after TRL's, inside `_compute_loss` only).
@@ -114,6 +114,8 @@ class EntropyKLMixin:
         with torch.no_grad():
             delta = inputs["ref_per_token_logps"] - per_token_logps
             per_token_kl = torch.exp(delta) - delta - 1
-            mask = inputs["completion_mask"]
+            mask = inputs["completion_mask"]  # the policy's tokens: tool output is not
+            if "tool_mask" in inputs:
+                mask = mask * inputs["tool_mask"]
             kl = (per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)
             return self.accelerator.gather(kl.float()).mean().item()
