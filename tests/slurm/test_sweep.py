@@ -1,4 +1,5 @@
-"""`maxent-grpo sweep` on the real test cluster: a 2x2 grid as one throttled array, one point
+"""`maxent-grpo sweep`, the queue in `maxent-grpo runs` and `sbatch --chain` on the real test
+cluster. The sweep: a 2x2 grid as one throttled array, one point
 failing on purpose (its reward module cannot be loaded on that point only: a user error, not
 retried), the other three finish.
 
@@ -15,6 +16,7 @@ import subprocess
 
 from helpers.paths import MAXENT_GRPO, REPO
 from helpers.recipes import ONE_THREAD, small_recipe
+from maxent_grpo.rundir.events import read_events
 
 GRID = "learning_rate=[1e-3,2e-3] seed=[1,2]"
 
@@ -108,3 +110,35 @@ def test_a_held_job_is_in_runs_before_it_has_written_anything(slurm_cluster, tmp
         assert not (tmp_path / "held-run").exists()  # nothing written: the queue alone says it
     finally:
         slurm_cluster.cancel(job)
+
+
+def test_chain_runs_the_second_job_from_the_first_runs_model(slurm_cluster, tmp_path):
+    """`sbatch --config A --chain B`: B waits (Dependency) until A finished, then starts from
+    A's final model (B's init_from names A's run directory, which does not exist yet)."""
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    first = small_recipe(tmp_path, name="a.yaml", **ONE_THREAD, output_dir=str(first_dir))
+    second = small_recipe(
+        tmp_path,
+        name="b.yaml",
+        **ONE_THREAD,
+        output_dir=str(second_dir),
+        init_from=str(first_dir),
+        max_steps=2,
+    )
+    env = {**slurm_cluster.env, "SBATCH_OUTPUT": f"{tmp_path}/slurm_%j.out"}
+    env["SBATCH_ERROR"] = f"{tmp_path}/slurm_%j.err"
+    command = [MAXENT_GRPO, "sbatch", "--config", str(first), "--chain", str(second)]
+    command += ["--gpus", "1", "--cpus-per-task", "2", "--mem", "2G", "--time", "10"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs = [line.split()[2].rstrip(":") for line in result.stdout.splitlines()]
+    assert len(jobs) == 2, result.stdout
+    rows = {r["run"]: r for r in runs_json(env, "--dir", str(tmp_path))}
+    assert rows["second"]["state"] == "pending" and "(Dependency)" in rows["second"]["reason"]
+
+    assert slurm_cluster.wait(jobs[1], timeout=600, poll=2) == "COMPLETED", "\n".join(
+        p.read_text() for p in sorted(tmp_path.glob("slurm_*"))
+    )
+    (event,) = [e for e in read_events(second_dir) if e["event"] == "init_from"]
+    assert event["path"] == str(first_dir)
+    assert (second_dir / "model.safetensors").is_file()
