@@ -38,7 +38,7 @@ class SlurmJob:
 
     @property
     def attempt(self) -> int:
-        """Which attempt of its run this is: the array index of a retry array, else restarts."""
+        """The attempt number of its run (the array index of a retry array, else restarts)."""
         if self.array_task_id and not self.sweep:
             return int(self.array_task_id)
         return self.restart_count

@@ -32,8 +32,8 @@ class Point:
 
     @property
     def flags(self) -> tuple[str, ...]:
-        """The point's recipe flags, --key=value (a value may start with '-'): its values,
-        then where it writes."""
+        """The point's recipe flags as `--key=value` (a value may start with '-'), its values
+        first, then where it writes."""
         pairs = [*self.values.items(), ("output_dir", self.output_dir), ("run_name", self.name)]
         return tuple(f"--{key}={value}" for key, value in pairs)
 
