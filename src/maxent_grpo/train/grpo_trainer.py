@@ -1,9 +1,9 @@
 """Our GRPO trainer: TRL's GRPOTrainer with an adaptive beta (kl_target, kl_horizon),
 complete-checkpoint marking, rollout filters and carry-over (train/rollout_mixin.py), the
 data order of an uninterrupted run on resume, vLLM weight sync and asynchronous generation
-(train/async_generation.py) and a KL-adaptive entropy bonus (train/entropy_kl.py). Importing this module
-imports TRL (seconds): the trainer process imports it once the recipe is read
-(train_process.py `trainer_class`).
+(train/async_generation.py) and a KL-adaptive entropy bonus (train/entropy_kl.py).
+Importing this module imports TRL (seconds): the trainer process imports it once the recipe is
+read (train_process.py `trainer_class`).
 """
 
 from __future__ import annotations
