@@ -29,6 +29,8 @@ def group_port_of(first: int, index: int) -> int:
 def server_urls(value: str | None) -> tuple[str, ...]:
     """SERVERS_VARIABLE's value -> the base URLs (empty, unset: none)."""
     return tuple(u.strip().rstrip("/") for u in (value or "").split(",") if u.strip())
+
+
 PROBE_TIMEOUT = 5.0
 
 # No proxy for health probes: the server is on this node or a node of the same job.
