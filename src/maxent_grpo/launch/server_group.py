@@ -51,6 +51,8 @@ class _Members:
 
 
 class ServerGroup:
+    """The plan's servers: started together, watched, each restarted in place when lost."""
+
     def __init__(
         self,
         plans: tuple[ServerPlan, ...],

@@ -85,7 +85,7 @@ class Plan:
 
     @property
     def servers(self) -> tuple[ServerPlan, ...]:
-        """Every server the launcher starts, first node first (none: an empty tuple)."""
+        """Every server the launcher starts, first node first; empty without a server."""
         return (self.server, *self.more_servers) if self.server is not None else ()
 
     def describe(self) -> str:
