@@ -1,6 +1,6 @@
 """`maxent-grpo sbatch --chain` (launch/chain.py): every recipe checked before anything is
 queued, then each job queued behind the previous one (afterok). The real chain on Slurm:
-tests/slurm/test_sweep.py. The `sbatch` here is a script on PATH that records each call and
+tests/slurm/test_sweep_slurm.py. The `sbatch` here is a script on PATH that records each call and
 answers job ids 100, 101, ... (Slurm's own runs in the slurm suite)."""
 
 from __future__ import annotations

@@ -504,7 +504,7 @@ def test_plot_says_what_is_missing(tmp_path):
 
 # ----------------------------------------------------------------------------- the Slurm queue
 # The `squeue` here is a script on PATH printing what squeue prints for the format
-# runs/queue.py asks; Slurm's own squeue is tested in tests/slurm/test_sweep.py.
+# runs/queue.py asks; Slurm's own squeue is tested in tests/slurm/test_sweep_slurm.py.
 
 
 def fake_squeue(tmp_path: Path, monkeypatch, lines: str, code: int = 0, err: str = "") -> None:

@@ -1,5 +1,5 @@
 """`maxent-grpo sweep` (launch/sweep.py): the grid, the points, their check, the array command,
-and the point each array task picks. The real array on Slurm: tests/slurm/test_sweep.py.
+and the point each array task picks. The real array on Slurm: tests/slurm/test_sweep_slurm.py.
 
 The `sbatch` here is a script on PATH that records its arguments (Slurm's own runs in the
 slurm suite): what is tested is whether and what the command queues.

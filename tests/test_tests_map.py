@@ -32,3 +32,10 @@ def test_every_package_and_top_level_module_has_a_row():
     wanted = [f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()]
     wanted += [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
     assert sorted(m for m in wanted if f"`{m}" not in modules) == []
+
+
+def test_no_two_test_files_share_a_name():
+    """pytest imports test files by their base name (no __init__.py under tests/): a second
+    file of the same name anywhere stops the whole collection."""
+    names = [p.name for p in TESTS.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
