@@ -1,7 +1,10 @@
 """The trainers' pool over several vLLM servers (train/server_pool.py), with TRL's own
 VLLMClient against stand-in servers (tests/helpers/fake_vllm.py: real HTTP, no vLLM):
 requests spread by outstanding work and answered in prompt order, a lost server's requests
-taken by the others, a server back only after it has the current weights."""
+taken by the others, a server back only after it has the current weights.
+
+In the vllm suite: no vLLM server runs, but TRL's VLLMClient refuses to start without the vllm
+package, which `make test`'s environment does not have."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from helpers.fake_vllm import BASE_VERSION, FakeVLLM
 from maxent_grpo.train.server_pool import ServerPool, for_each
 from maxent_grpo.train.vllm_sync import _reload_and_reset
 from maxent_grpo.vllm_health import ServerError
+
+pytestmark = pytest.mark.vllm
 
 PROMPTS = [[100 + i, 7, 7] for i in range(16)]
 # TRL's VLLMGeneration asks for logprobs; the stand-in answers none (TRL then returns None).
