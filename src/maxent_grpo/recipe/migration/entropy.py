@@ -18,8 +18,8 @@ from typing import Any
 
 from maxent_grpo.recipe.migration.edits import Change, Edits, Key, to_yaml
 from maxent_grpo.recipe.migration.kinds import is_number
+from maxent_grpo.recipe.migration.upstream import ORIGIN
 
-ORIGIN = "upstream maxent-grpo"
 _FLAGS = (
     "maxent_alpha_raise_on_low_kl",
     "maxent_alpha_lower_on_high_kl",
@@ -69,6 +69,12 @@ def _bonus_keys(recipe: dict[str, Any]) -> dict[str, Any]:
     return {"entropy_coef": coef} if is_number(coef) and coef > 0 else {}
 
 
+def _has_kl_penalty(recipe: dict[str, Any]) -> bool:
+    """False when the recipe sets its KL weight to 0 (unset: the era's default decides)."""
+    kl_weight = next((recipe[k] for k in _KL_WEIGHTS if k in recipe), None)
+    return kl_weight is None or (is_number(kl_weight) and kl_weight > 0)
+
+
 def _why(recipe: dict[str, Any], new: dict[str, Any]) -> tuple[str, bool]:
     """What the translation keeps and what it changes, and whether training differs."""
     if "entropy_normalize_by_max" not in new:
@@ -94,6 +100,10 @@ def migrate_entropy_bonus(edits: Edits, keys: dict[str, Key], recipe: dict[str, 
     new = _bonus_keys(recipe)
     if not present or not new:
         return set()
+    if "entropy_kl_threshold" in new and not _has_kl_penalty(recipe):
+        new = {k: v for k, v in new.items() if not k.startswith("entropy_kl_")}
+        text = "the KL rule of the entropy bonus (it measures the KL of beta > 0's penalty)"
+        edits.changes.append(Change("maxent_alpha_kl_threshold", True, text, True))
     why, differs = _why(recipe, new)
     written = ", ".join(f"{k}: {to_yaml(v)}" for k, v in new.items())
     for key in present:
@@ -101,13 +111,6 @@ def migrate_entropy_bonus(edits: Edits, keys: dict[str, Key], recipe: dict[str, 
         if key != present[0]:
             text = f"{key}: {to_yaml(recipe[key])}, read into the entropy keys above"
         edits.comment_out(keys[key], Change(key, False, text, differs and key == present[0]))
-    kl_weight = next((recipe[k] for k in _KL_WEIGHTS if k in recipe), None)
-    if kl_weight is not None and not (is_number(kl_weight) and kl_weight > 0):
-        if "entropy_kl_threshold" in new:  # here the KL is the penalty's, which needs beta > 0
-            for name in ("entropy_kl_threshold", "entropy_kl_below", "entropy_kl_above"):
-                new.pop(name, None)
-            text = "the KL rule of the entropy bonus (it measures the KL of beta > 0's penalty)"
-            edits.changes.append(Change("maxent_alpha_kl_threshold", True, text, True))
     first = keys[present[0]]
     edits.after.setdefault(first.last, []).extend(f"{k}: {to_yaml(v)}" for k, v in new.items())
     return set(present)
