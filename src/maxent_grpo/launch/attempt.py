@@ -373,7 +373,7 @@ class Attempt(Finish):
                 self.server = launch_server(plan.server, server_log, server_env)
         env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(STOP_DRAIN_S), **environ}
         env.update({**plan.train.env, "PYTHONUNBUFFERED": "1"})
-        health = plan.server.health_url if plan.server is not None else None
+        health = tuple(s.health_url for s in plan.servers)  # every server: any answering will do
         watchdog = Watchdog(
             heartbeat_dir(self.output_dir),
             plan.train.num_processes,

@@ -2,10 +2,13 @@
 hang_timeout seconds is a hang.
 
 Progress is a rank's heartbeat file changing (rundir/heartbeat.py); the silence is measured with
-the launcher's own clock. The server is asked GET /health (with a request timeout) every few
-seconds while training runs. Silence counts only from the server's first healthy answer: the
-trainers start beside the server and their first generation waits for it (its start-up is
-bounded by vllm_server_timeout instead, watch_training). The limit:
+the launcher's own clock. Every server is asked GET /health (with a request timeout) every few
+seconds while training runs; with several servers (vllm_nodes > 1) the silence is that of the
+last one to answer: a lost server being restarted (launch/server_group.py) is no hang while
+another answers, since the trainers send their requests to the others. Silence counts only
+from the servers' first healthy answer: the trainers start beside the server and their first
+generation waits for it (its start-up is bounded by vllm_server_timeout instead,
+watch_training). The limit:
 
 - `hang_timeout: S` in the recipe: S seconds once a rank has finished its first step;
   before that S + WARMUP_S, a warm-up allowance for what only the first step pays (imports,
@@ -29,7 +32,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,17 +103,25 @@ class Watchdog:
         directory: Path,
         ranks: int,
         timeout: float | None,
-        health_url: str | None = None,
+        health_url: str | Sequence[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.directory = Path(directory)
         self.timeout = timeout
-        self.health_url = health_url
+        # Every server's /health (one URL, or one per server): the run can generate while any
+        # answers.
+        urls = (health_url,) if isinstance(health_url, str) else tuple(health_url or ())
+        self.health_urls = urls
         self.clock = clock
         now = clock()
         self.ranks = {r: RankWatch(r, now) for r in range(ranks)}
-        self.server_ok = now
+        self.answered = dict.fromkeys(urls, now)  # url -> last 200 (launcher clock)
         self.next_probe = now
+
+    @property
+    def server_ok(self) -> float:
+        """When a server last answered: the latest of any server's answers."""
+        return max(self.answered.values(), default=self.clock())
 
     def restart_clocks(self) -> None:
         """Count silence from now: called when the server becomes healthy, since the trainers
@@ -118,7 +129,8 @@ class Watchdog:
         now = self.clock()
         for watch in self.ranks.values():
             watch.changed = now
-        self.server_ok = self.next_probe = now
+        self.answered = dict.fromkeys(self.health_urls, now)
+        self.next_probe = now
 
     def _read(self) -> None:
         now = self.clock()
@@ -139,10 +151,11 @@ class Watchdog:
 
     def _probe_server(self) -> None:
         now = self.clock()
-        if self.health_url is None or now < self.next_probe:
+        if not self.health_urls or now < self.next_probe:
             return
-        if probe(self.health_url, timeout=SERVER_PROBE_TIMEOUT_S) == 200:
-            self.server_ok = self.clock()
+        for url in self.health_urls:
+            if probe(url, timeout=SERVER_PROBE_TIMEOUT_S) == 200:
+                self.answered[url] = self.clock()
         self.next_probe = self.clock() + SERVER_PROBE_EVERY_S
 
     def exit_reports(self) -> list[dict]:
@@ -154,11 +167,12 @@ class Watchdog:
         now = self.clock()
         silent = now - self.server_ok
         server_limit = server_limit_for(self.timeout, self.slowest_step_s())
-        if self.health_url is not None and silent > server_limit:
-            reason = (
-                f"the vLLM server did not answer {self.health_url} for {silent:.0f}s "
-                f"({self._limit_text(server_limit)})"
-            )
+        if self.health_urls and silent > server_limit:
+            if len(self.health_urls) == 1:
+                which = f"the vLLM server did not answer {self.health_urls[0]}"
+            else:
+                which = f"no vLLM server answered ({', '.join(self.health_urls)})"
+            reason = f"{which} for {silent:.0f}s ({self._limit_text(server_limit)})"
             return self._hang(reason, server=True)
         stale = [w for w in self.ranks.values() if now - w.changed > self.limit(w)]
         if not stale:
@@ -204,8 +218,8 @@ class Watchdog:
             f"rank {w.rank}: silent {now - w.changed:.0f}s; {self.describe(w)}"
             for w in self.ranks.values()
         ]
-        if self.health_url is not None:
-            details.append(f"vLLM server: last answered {now - self.server_ok:.0f}s ago")
+        for url, answered in self.answered.items():
+            details.append(f"vLLM server {url}: last answered {now - answered:.0f}s ago")
         beats = {w.rank: w.beat for w in self.ranks.values() if w.beat is not None}
         return Hang(reason, details, beats, server)
 
