@@ -76,6 +76,7 @@ class RunInfo:
     log: str | None = None  # latest train log
     rollouts: str | None = None  # the last step's rollout counts, when filters are on
     time_split: str | None = None  # where the last step's time went (train/step_time.py)
+    servers: str | None = None  # vLLM servers lost and back (launch/server_group.py)
 
     def age(self, now: float) -> float | None:
         return None if self.last_activity is None else max(0.0, now - self.last_activity)
@@ -206,6 +207,7 @@ def run_info(
     _progress(info, out, steps)
     info.resumed_from = resume_points(events)
     _evaluations(info, events)
+    info.servers = server_text(events)
     marker = out.marker if out is not None else None
     info.method = detect_method(marker, latest, steps, out)
     mine = attempt_logs(logs, latest)
@@ -237,6 +239,15 @@ def _evaluations(info: RunInfo, events: list[dict]) -> None:
     info.evals_queued = pending(events)
 
 
+def server_text(events: list[dict]) -> str | None:
+    """DETAIL: how many times the launcher lost a vLLM server and got it back (vllm_nodes >
+    1); the trainers' own reports of the same loss (`by: trainer`) are not counted again."""
+    kinds = [e["event"] for e in events if e["event"].startswith("server_") and "by" not in e]
+    if not kinds:
+        return None
+    return f"servers: {kinds.count('server_lost')} lost, {kinds.count('server_back')} back"
+
+
 def outcome_counts(attempts: Sequence[Attempt]) -> dict[str, int]:
     """How many attempts ended with each outcome class (an attempt's last outcome counts)."""
     counts: dict[str, int] = {}
@@ -261,6 +272,8 @@ def detail_text(run: RunInfo) -> str:
         text = f"{text}; {run.rollouts}" if text else run.rollouts
     if run.time_split:
         text = f"{text}; {run.time_split}" if text else run.time_split
+    if run.servers:
+        text = f"{text}; {run.servers}" if text else run.servers
     return text
 
 
