@@ -15,7 +15,7 @@ import pytest
 
 from helpers.paths import SMOKE
 from maxent_grpo import cli
-from maxent_grpo.errors import UserError
+from maxent_grpo.errors import ConfigProblems, UserError
 from maxent_grpo.launch.attempt import declared_output_dir
 from maxent_grpo.launch.launcher import RunRequest
 from maxent_grpo.launch.slurm import SWEEP_ENV, slurm_job, user_error_marker
@@ -27,6 +27,7 @@ from maxent_grpo.launch.sweep import (
     point_run,
     read_points,
 )
+from maxent_grpo.recipe.parser import read_recipe
 
 
 def fake_sbatch(tmp_path: Path, monkeypatch) -> Path:
@@ -195,3 +196,95 @@ def test_sbatch_names_the_job_after_its_run(tmp_path, monkeypatch):
     assert "--job-name=maxent-grpo:named" in called.read_text().split()
     assert cli.main(["sbatch", "--config", str(recipe), "--gpus", "1", "--run-name", "r2"]) == 0
     assert "--job-name=maxent-grpo:r2" in called.read_text().split()
+
+
+# --------------------------------------------------------------------------- the sweep: section
+
+
+def sweep_recipe(tmp_path: Path, section: str) -> Path:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(SMOKE.read_text() + f"\noutput_dir: {tmp_path}/out\nsweep: {section}\n")
+    return recipe
+
+
+def test_sweep_section_is_the_grid_without_grid_flag(tmp_path, monkeypatch, capsys):
+    """No --grid: the recipe's grid, throttle and name; YAML scalars as flag text."""
+    called = fake_sbatch(tmp_path, monkeypatch)
+    section = "{grid: {learning_rate: [1.0e-5, 3.0e-5], use_cpu: [true]}, throttle: 2, name: s}"
+    recipe = sweep_recipe(tmp_path, section)
+    assert cli.main(["sweep", "--config", str(recipe), "--gpus", "1"]) == 0
+    sent = called.read_text().split()
+    assert "--array=0-1%2" in sent and "--job-name=maxent-grpo-sweep:s" in sent
+    sweep, points = read_points(tmp_path / "s.sweep.json")
+    assert [p.values for p in points] == [
+        {"learning_rate": "1e-05", "use_cpu": "true"},
+        {"learning_rate": "3e-05", "use_cpu": "true"},
+    ]
+    assert "sweep s: 2 point(s), all checked" in capsys.readouterr().out
+
+
+def test_grid_flag_merges_with_the_section_key_by_key(tmp_path, monkeypatch, capsys):
+    """A --grid key replaces the section's values of that key (one value pins it); the
+    section's other keys stay; --throttle and --name win over the section's."""
+    fake_sbatch(tmp_path, monkeypatch)
+    recipe = sweep_recipe(
+        tmp_path, "{grid: {learning_rate: [1e-5, 3e-5], seed: [1, 2]}, throttle: 4}"
+    )
+    argv = ["sweep", "--config", str(recipe), "--gpus", "1", "--dry-run", "--throttle", "1"]
+    assert cli.main([*argv, "--grid", "seed=7 beta=[0.0,0.1]"]) == 0
+    out = capsys.readouterr().out
+    assert "sweep out: 4 point(s)" in out and "--array=0-3%1 " in out
+    assert "  3  out-learning_rate=3e-5-seed=7-beta=0.1  " in out
+
+
+def test_bad_sweep_section_one_line_per_problem(tmp_path, monkeypatch, capsys):
+    """`check` reads the section (read_recipe) and `sweep` refuses it before any point."""
+    called = fake_sbatch(tmp_path, monkeypatch)
+    section = (
+        "{grid: {learning_rat: [1e-5], learning_rate: [-1, abc], output_dir: [x], seed: [1, null]},"
+        " throttle: 0, nmae: x}"
+    )
+    recipe = sweep_recipe(tmp_path, section)
+    with pytest.raises(ConfigProblems) as exc:
+        read_recipe(["--config", str(recipe)])
+    where = f"{recipe}: sweep:"
+    assert sorted(exc.value.problems) == sorted(
+        [
+            f"{where} unknown key 'nmae'; did you mean 'name'?",
+            f"{where} grid key 'output_dir': each point sets its own; drop it",
+            f"{where} grid key 'seed': [1, None] is not a list of values (none empty, null or "
+            "nested); write seed: [a, b]",
+            f"{where} throttle: 0 is invalid; give an integer >= 1",
+            f"{where} grid unknown key 'learning_rat'; did you mean 'learning_rate'?",
+            f"{where} grid key 'learning_rate': '-1' is invalid (must be >= 0)",
+            f"{where} grid key 'learning_rate': 'abc' is invalid (argument "
+            "--learning_rate/--learning-rate: invalid float value: 'abc')",
+        ]
+    )
+    assert cli.main(["sweep", "--config", str(recipe), "--gpus", "1"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"7 problems in {recipe}"
+    assert not called.exists()
+
+
+def test_training_parser_never_sees_the_sweep_section(tmp_path):
+    """The trainers read the recipe with read_recipe: TRL's own parser of the sections gets
+    the same values as without the section (a key it does not know would raise)."""
+    from maxent_grpo.recipe.schema import trl_parser
+    from maxent_grpo.recipe.sections import SECTIONS
+
+    recipe = sweep_recipe(tmp_path, "{grid: {seed: [1, 2]}}")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(SMOKE.read_text() + f"\noutput_dir: {tmp_path}/out\n")
+    ours = read_recipe(["--config", str(recipe)], parser_for=lambda m: trl_parser(SECTIONS[m]))
+    assert ours.sweep.grid == {"seed": ["1", "2"]} and "sweep" not in ours.values
+    assert ours.values == read_recipe(["--config", str(plain)]).values
+
+
+def test_nothing_to_sweep_is_one_line(tmp_path, monkeypatch, capsys):
+    fake_sbatch(tmp_path, monkeypatch)
+    assert cli.main(["sweep", "--config", str(SMOKE), "--dry-run"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"error: {SMOKE}: nothing to sweep: no --grid and no sweep: section; give --grid "
+        "'key=[a,b]' or add sweep: {grid: {key: [a, b]}} to the recipe"
+    ]

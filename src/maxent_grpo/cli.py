@@ -173,8 +173,8 @@ def _add_sweep_command(sub) -> None:
     sweep.add_argument(
         "--grid",
         action="append",
-        required=True,
-        help="the values to sweep, e.g. 'learning_rate=[1e-6,3e-6] maxent_tau=[0.5,1.0]'",
+        help="the values to sweep, e.g. 'learning_rate=[1e-6,3e-6] maxent_tau=[0.5,1.0]'; "
+        "default: the recipe's sweep: section (a key given here replaces its values there)",
     )
     sweep.add_argument(
         "--name", default=None, help="the sweep's name (default: the recipe's output_dir's)"

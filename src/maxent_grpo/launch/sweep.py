@@ -2,6 +2,9 @@
 
     maxent-grpo sweep --config R --grid 'learning_rate=[1e-6,3e-6] maxent_tau=[0.5,1.0]'
 
+or the grid of the recipe's `sweep:` section (recipe/sweep_section.py), merged with --grid key
+by key (`sweep_settings`).
+
 Each point is the recipe with `--key value` overrides; its run directory sits beside the
 recipe's output_dir and is named after the sweep and the point's values
 (`outputs/smoke-grpo-learning_rate=1e-6-maxent_tau=0.5`). Every point gets the verdict of
@@ -33,7 +36,8 @@ from maxent_grpo.launch.sbatch import (
     sbatch_command,
 )
 from maxent_grpo.launch.slurm import SWEEP_ENV
-from maxent_grpo.recipe.parser import load_recipe_file
+from maxent_grpo.recipe.parser import load_recipe_file, read_recipe
+from maxent_grpo.recipe.sweep_section import SweepSection
 from maxent_grpo.rundir.sweeps import (
     POINTS_SUFFIX,
     SWEEP_JOB_NAME,
@@ -168,19 +172,42 @@ def sweep_command(request: RunRequest, args, path: Path, count: int, sweep: str)
     return command
 
 
-def main(request: RunRequest, args) -> int:
-    """`maxent-grpo sweep`: check every point; print them (--dry-run) or queue one array."""
-    grid = {}
-    for text in args.grid:
+def command_grid(texts: list[str] | None) -> dict[str, list[str]]:
+    """Every --grid given, as one grid; a key given twice is one line."""
+    grid: dict[str, list[str]] = {}
+    for text in texts or []:
         for key, values in parse_grid(text).items():
             if key in grid:
                 raise UserError(f"--grid: key {key!r} appears twice; give its values once")
             grid[key] = values
+    return grid
+
+
+def sweep_settings(request: RunRequest, args) -> tuple[dict[str, list[str]], int | None, str]:
+    """(grid, throttle, name): the recipe's `sweep:` section (recipe/sweep_section.py, checked
+    by read_recipe) merged with the command line, key by key: a --grid key replaces the
+    section's values of that key (one value pins it), --throttle and --name win."""
+    keys = read_recipe(["--config", request.recipe, *request.overrides], request.method)
+    section = keys.sweep or SweepSection()
+    grid = {**section.grid, **command_grid(args.grid)}
+    if not grid:
+        raise UserError(
+            f"{request.recipe}: nothing to sweep: no --grid and no sweep: section; give "
+            "--grid 'key=[a,b]' or add sweep: {grid: {key: [a, b]}} to the recipe"
+        )
+    throttle = args.throttle if args.throttle is not None else section.throttle
+    return grid, throttle, args.name or section.name
+
+
+def main(request: RunRequest, args) -> int:
+    """`maxent-grpo sweep`: check every point; print them (--dry-run) or queue one array."""
     if args.throttle is not None and args.throttle < 1:
         raise UserError(f"--throttle {args.throttle}: give at least 1 (points at a time)")
     if not args.dry_run:
         require_slurm("sweep")
-    sweep, points = plan_sweep(request, grid, args.name)
+    grid, throttle, name = sweep_settings(request, args)
+    args = argparse.Namespace(**{**vars(args), "throttle": throttle})
+    sweep, points = plan_sweep(request, grid, name)
     check_points(request, points, planned_environment(args.nodes, args.gpus))
     path = points_path(sweep, points)
     print(f"sweep {sweep}: {len(points)} point(s), all checked")

@@ -8,9 +8,9 @@ line of the migration table (recipe/migration/); an alias there is read under ou
 YAML values are coerced the way the command line would convert them (YAML 1.1 reads 1e-5 as a
 string, for instance).
 
-Two top-level keys are not dataclass fields: `method` (grpo | maxent: which sections and
-trainer) and `env` (environment variables for the run's processes, carried, never exported
-here).
+Three top-level keys are not dataclass fields: `method` (grpo | maxent: which sections and
+trainer), `env` (environment variables for the run's processes, carried, never exported
+here) and `sweep` (a grid for `maxent-grpo sweep`, recipe/sweep_section.py).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from maxent_grpo.recipe.checks import check_ranges
 from maxent_grpo.recipe.migration import ALIASES, MIGRATIONS
 from maxent_grpo.recipe.problems import Problems, collecting
 from maxent_grpo.recipe.schema import method_keys, schema_parser
+from maxent_grpo.recipe.sweep_section import SECTION as SWEEP
+from maxent_grpo.recipe.sweep_section import SweepSection, check_values, read_section
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class RecipeKeys:
     env: Mapping[str, str]  # the recipe's `env:` block: for the run's processes, not for us
     overrides: tuple[str, ...] = ()  # the flags after the recipe file, as given
     notes: tuple[str, ...] = ()  # lines about keys read under another name (aliases)
+    sweep: SweepSection | None = None  # the recipe's `sweep:` section (maxent-grpo sweep)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "values":
@@ -323,10 +326,15 @@ def read_recipe(
         if "env" in raw:
             with problems.check("env"):
                 env = _read_env(raw.pop("env"), source)
+        raw_sweep = raw.pop(SWEEP, None)  # the launcher's: the trainers' parser never sees it
         raw, notes = _read_aliases(raw, problems)
         parser = (parser_for or schema_parser)(method)
         parser.set_defaults_with_config(**_check_and_convert(raw, parser, method, problems))
+        sweep = None
+        if raw_sweep is not None:
+            sweep = read_section(raw_sweep, source, problems)
+            check_values(sweep, parser, method, problems)
         namespace = _parse_flags(parser, args, problems)
-        keys = RecipeKeys(source, method, vars(namespace), env, tuple(args), tuple(notes))
+        keys = RecipeKeys(source, method, vars(namespace), env, tuple(args), tuple(notes), sweep)
         check_ranges(keys)
     return keys
