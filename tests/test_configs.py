@@ -251,7 +251,7 @@ def test_a_recipe_declares_its_method(tmp_path):
     message = error_of(["--config", str(path)], method="grpo")
     assert "the recipe says method: maxent but --method grpo" in message
     bad = write_recipe(tmp_path, base=SMOKE, name="bad.yaml", method="ppo")
-    assert "key 'method': 'ppo' is invalid (expected one of grpo, maxent)" in error_of(
+    assert "key 'method': 'ppo' is invalid (expected one of grpo, maxent, sft)" in error_of(
         ["--config", str(bad)]
     )
 

@@ -6,7 +6,8 @@ library only, cheap for the launcher. What a method is made of is named where it
 its recipe sections in recipe/sections.py (`SECTIONS`, imports TRL), its trainer class in
 train_process.py (`trainer_class`, the trainer process only).
 
-A recipe may declare its method (`method: maxent`); `--method` / MAXENT=1 may ask for one.
+A recipe may declare its method (`method: maxent`, `method: sft`); `--method` / MAXENT=1 may
+ask for one.
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ class Method:
 METHODS: dict[str, Method] = {
     "grpo": Method(name="grpo", label="GRPO", script="grpo.py"),
     "maxent": Method(name="maxent", label="MaxEnt", script="maxent-grpo.py"),
+    # Supervised fine-tuning (TRL's SFTTrainer): no rewards, no vLLM server (docs/sft.md).
+    "sft": Method(name="sft", label="SFT", script="sft.py"),
 }
+
+# Methods that generate completions (GRPO's family): rewards, a vLLM server, num_generations.
+RL_METHODS = frozenset({"grpo", "maxent"})
 
 
 def resolve_method(requested: str | None, declared: str | None, source: str) -> str:

@@ -13,6 +13,7 @@ import dataclasses
 
 from maxent_grpo.benchmarks.checks import check_benchmarks
 from maxent_grpo.errors import ConfigError, UserError
+from maxent_grpo.methods import RL_METHODS
 from maxent_grpo.recipe import Recipe
 from maxent_grpo.recipe.checks import (
     REFERENCE,
@@ -44,6 +45,9 @@ def check_rewards(script_args, training_args) -> None:
         from maxent_grpo.rewards.tools import get_tools  # imports transformers: seconds
 
         get_tools(script_args.tools, script_args.tool_settings())  # imports and checks each
+        from maxent_grpo.rewards.environments import get_environment  # imports transformers
+
+        get_environment(script_args.environment, script_args.tool_settings())
     except UserError as exc:
         raise ConfigError(str(exc)) from None
     weights = training_args.reward_weights
@@ -79,6 +83,7 @@ def check_recipe(recipe: Recipe) -> Recipe:
     from maxent_grpo.data import parse_mixture  # imports datasets: seconds
 
     script, training = recipe.script, recipe.training
+    rl = recipe.method in RL_METHODS  # SFT has no rewards, reference, benchmarks or server
     with collecting(recipe.path) as problems:
         mixture = None
         if script is not None:
@@ -87,7 +92,7 @@ def check_recipe(recipe: Recipe) -> Recipe:
         if recipe.model is not None:
             with problems.check("model_name_or_path"):
                 check_model_path(recipe.model.model_name_or_path)
-        if script is not None and training is not None:
+        if rl and script is not None and training is not None:
             with problems.check("reward_funcs", "reward_weights"):
                 check_rewards(script, training)
         if recipe.launch is not None:
@@ -100,18 +105,19 @@ def check_recipe(recipe: Recipe) -> Recipe:
                 check_prompt_template(script)
             except DataError as exc:  # data/'s one-line error, one problem among the others
                 problems.add_error(exc, ["prompt_template"])
-        if training is not None and not problems.failed("model_name_or_path"):
+        if rl and training is not None and not problems.failed("model_name_or_path"):
             with problems.check(REFERENCE):
                 check_reference_model(training, recipe.model)
         if script is not None and not problems.failed("dataset_mixture"):
             with problems.check("dataset_name", "dataset_prompt_column"):
                 _check_columns(script, mixture)
-        if script is not None and training is not None:
+        if rl and script is not None and training is not None:
             with problems.check("benchmarks"):
                 check_benchmarks(script, training)
         if training is not None:
             with problems.check("output_dir"):
                 check_output_dir(training.output_dir)
+        if rl and training is not None:
             with problems.check("vllm_server_timeout"):
                 check_server_wait(training)
             check_trainer_values(training, recipe.model)

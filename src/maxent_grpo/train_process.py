@@ -12,7 +12,7 @@ import sys
 
 from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError, error_report
 from maxent_grpo.evaluate.schedule import after_training, make_callback
-from maxent_grpo.methods import METHODS
+from maxent_grpo.methods import METHODS, RL_METHODS
 from maxent_grpo.preflight import check_recipe
 from maxent_grpo.recipe import build_recipe, read_recipe
 from maxent_grpo.recipe.needs import import_error_line
@@ -23,7 +23,11 @@ from maxent_grpo.train.unused_libraries import mark_unused_libraries_absent
 
 def trainer_class(method: str) -> type:
     """The trainer class of a method."""
-    # Both import TRL, which must wait for mark_unused_libraries_absent (cli_main).
+    # Each imports TRL, which must wait for mark_unused_libraries_absent (cli_main).
+    if method == "sft":
+        from maxent_grpo.train.sft_trainer import SFTTrainer  # imports TRL
+
+        return SFTTrainer
     if method == "maxent":
         from maxent_grpo.maxent.trainer import MaxEntGRPOTrainer  # imports TRL
 
@@ -63,9 +67,12 @@ def cli_main(argv: list[str], method: str | None = None) -> int:
         # (under the launcher it is already in the environment, with the same values).
         os.environ.update(recipe.env)
         recipe = check_recipe(recipe)
-        evaluations = make_callback(recipe)  # benchmark_mode slurm: a job per saved checkpoint
+        # Benchmarks score generations with the recipe's rewards: GRPO's keys (not SFT's).
+        rl = recipe.method in RL_METHODS
+        evaluations = make_callback(recipe) if rl else None  # slurm: a job per checkpoint
         train(recipe, trainer_class(recipe.method), [c for c in (evaluations,) if c is not None])
-        after_training(recipe)  # benchmarks: queue (slurm) or run (inline) what is still due
+        if rl:
+            after_training(recipe)  # benchmarks: queue (slurm) or run (inline) what is due
     except UserError as exc:
         print(error_report(exc), file=sys.stderr)
         return EXIT_USER_ERROR

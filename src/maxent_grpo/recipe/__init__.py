@@ -114,8 +114,9 @@ def build_recipe(keys: RecipeKeys, world_size: int) -> Recipe:
                 for section in SECTIONS[keys.method]
             )
         if training is not None:
-            # TRL derived it for its own process count; this is the one for `world_size`.
-            training.steps_per_generation = steps
+            if steps is not None:  # None: SFT, which generates nothing
+                # TRL derived it for its own process count; this is the one for `world_size`.
+                training.steps_per_generation = steps
             with problems.check():
                 training.check_world_size(world_size)
     return Recipe(

@@ -139,7 +139,9 @@ _BATCH_KEYS = (
 _EVAL_BATCH_KEYS = ("per_device_eval_batch_size", "num_generations", "num_generations_eval")
 
 
-def batch_for_processes(values: dict[str, Any], world_size: int) -> tuple[dict[str, Any], int]:
+def batch_for_processes(
+    values: dict[str, Any], world_size: int
+) -> tuple[dict[str, Any], int | None]:
     """TRL's generation batch derivation, for `world_size` processes instead of its own.
 
     TRL's GRPOConfig derives generation_batch_size / steps_per_generation from the world size
@@ -148,6 +150,8 @@ def batch_for_processes(values: dict[str, Any], world_size: int) -> tuple[dict[s
     (it refuses both): the values to build the config with, and the steps_per_generation to set
     afterwards. Rules whose keys already have a problem are skipped.
     """
+    if "num_generations" not in values:  # SFT (recipe/sft_keys.py): no generation batch
+        return values, None
     batch = values["per_device_train_batch_size"]
     size, steps = values.get("generation_batch_size"), values.get("steps_per_generation")
     if size is not None and steps is not None:
@@ -361,12 +365,13 @@ def check_keys(keys: RecipeKeys, world_size: int) -> None:
         batch_for_processes(dict(keys.values), world_size)
         with problems.check("model_name_or_path"):
             check_model_path(keys.model_name_or_path)
-        if keys.reference_model_name_or_path is not None:
+        if keys.values.get(REFERENCE) is not None:  # GRPO's key (SFT has no reference)
             with problems.check(REFERENCE):
                 check_model_path(keys.reference_model_name_or_path, REFERENCE)
         with problems.check("accelerate_config"):
             check_launch(keys.launch)
         with problems.check("output_dir"):
             check_output_dir(keys.output_dir)
-        with problems.check("vllm_server_timeout"):
-            check_server_wait(keys)
+        if "use_vllm" in keys.values:  # GRPO's keys (SFT starts no server)
+            with problems.check("vllm_server_timeout"):
+                check_server_wait(keys)

@@ -8,5 +8,6 @@ from __future__ import annotations
 
 from maxent_grpo.recipe.keys import GRPO_TYPES, RecipeTypes
 from maxent_grpo.recipe.maxent_keys import MAXENT_TYPES
+from maxent_grpo.recipe.sft_keys import SFT_TYPES
 
-SECTIONS: dict[str, RecipeTypes] = {"grpo": GRPO_TYPES, "maxent": MAXENT_TYPES}
+SECTIONS: dict[str, RecipeTypes] = {"grpo": GRPO_TYPES, "maxent": MAXENT_TYPES, "sft": SFT_TYPES}

@@ -3,7 +3,7 @@
 train() is deliberately thin: data, rewards, tokenizer, TRL trainer, resume from the last
 complete checkpoint, final save, completion marker. Everything that can be checked before a
 model is loaded is checked first (recipe.checks), so a bad recipe costs seconds, not a GPU
-slot. The method (grpo | maxent) picks the recipe sections (recipe/sections.py) and the
+slot. The method (grpo | maxent | sft) picks the recipe sections (recipe/sections.py) and the
 trainer class (train_process.py `trainer_class`).
 """
 
@@ -18,7 +18,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import NoReturn
 
@@ -133,18 +133,15 @@ def make_step_event_callback():
     return StepEvents()
 
 
-def _build_trainer(recipe, trainer_class):
-    from trl import get_peft_config
-
-    from maxent_grpo.data import load_datasets  # imports datasets: seconds
+def _rewards_and_tools(recipe) -> dict:
+    """GRPO's trainer arguments beyond the data: the reward functions, and tools if any."""
     from maxent_grpo.rewards import get_reward_funcs, guard_rewards  # imports sympy
 
-    script_args, training_args, model_args = recipe.script, recipe.training, recipe.model
-    dataset = load_datasets(script_args)
+    script_args = recipe.script
     reward_funcs = guard_rewards(
         get_reward_funcs(
             script_args.reward_funcs,
-            **script_args.reward_settings(training_args.max_completion_length),
+            **script_args.reward_settings(recipe.training.max_completion_length),
         ),
         script_args.reward_timeout_seconds,
     )
@@ -152,7 +149,28 @@ def _build_trainer(recipe, trainer_class):
 
     # TRL's GRPOTrainer takes tools only when there are some (it checks the chat template).
     tools = get_tools(script_args.tools, script_args.tool_settings())
-    extra = {"tools": tools} if tools else {}
+    extra = {"reward_funcs": reward_funcs, **({"tools": tools} if tools else {})}
+    from maxent_grpo.rewards.environments import get_environment  # imports transformers
+
+    environment = get_environment(script_args.environment, script_args.tool_settings())
+    if environment is not None:  # a class: TRL makes one instance per rollout
+        extra["environment_factory"] = environment
+    return extra
+
+
+def _build_trainer(recipe, trainer_class):
+    from trl import get_peft_config
+
+    from maxent_grpo.data import load_datasets  # imports datasets: seconds
+
+    script_args, training_args, model_args = recipe.script, recipe.training, recipe.model
+    dataset = load_datasets(script_args)
+    sft = recipe.method == "sft"  # no rewards, no reference model (train/sft_trainer.py)
+    if sft:
+        from maxent_grpo.train.sft_trainer import prompt_completion  # imports TRL
+
+        dataset = {split: prompt_completion(rows) for split, rows in dataset.items()}
+    extra = {} if sft else _rewards_and_tools(recipe)
     tokenizer = load_tokenizer(model_args, training_args)
     training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
     # A text model uses every trainable parameter in each step, so DDP's search for unused
@@ -162,10 +180,10 @@ def _build_trainer(recipe, trainer_class):
         training_args.ddp_find_unused_parameters = False
     # load_datasets names the splits "train" and (when there is one) "test".
     eval_dataset = dataset.get("test") if training_args.eval_strategy != "no" else None
-    with _refused_values(recipe), reference_model(training_args, model_args):
+    reference = nullcontext() if sft else reference_model(training_args, model_args)
+    with _refused_values(recipe), reference:
         return trainer_class(
             model=model_args.model_name_or_path,
-            reward_funcs=reward_funcs,
             args=training_args,
             train_dataset=dataset["train"],
             eval_dataset=eval_dataset,

@@ -23,7 +23,7 @@ def unused_libraries(keys) -> list[str]:
     unused = []
     if not reports_to_wandb(keys.report_to):
         unused.append("wandb")
-    if not keys.use_vllm and not keys.benchmarks:
+    if not keys.values.get("use_vllm") and not keys.values.get("benchmarks"):  # none: SFT
         unused.append("vllm")
     if "peft" not in {need.module for need in recipe_needs(keys.values)}:
         unused.append("peft")

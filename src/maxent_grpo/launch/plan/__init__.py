@@ -34,6 +34,7 @@ from maxent_grpo.launch.plan.server import (
     node_servers,
 )
 from maxent_grpo.launch.plan.training import cpu_plan, gpu_plan, train_everywhere
+from maxent_grpo.methods import RL_METHODS
 from maxent_grpo.recipe.parser import RecipeKeys
 
 __all__ = [
@@ -64,6 +65,9 @@ def make_plan(env: Environment, recipe: RecipeKeys, ports: Ports = DEFAULT_PORTS
     - Server on CPU (vllm_server_device: cpu, vLLM's CPU build): the server takes no GPU and
       training gets everything, as without a server. Weight sync must be `disk`.
     """
+    if recipe.method not in RL_METHODS:  # SFT generates nothing: no server, every GPU trains
+        plan = train_everywhere(env, recipe, ports, server=None)
+        return dataclasses.replace(plan, idle=idle_gpus(env, plan, recipe, 1))
     plan = _make_plan(env, recipe, ports)
     default_dp, _why = default_data_parallel_size(recipe, len(env.gpus), len(env.nodes))
     return dataclasses.replace(plan, idle=idle_gpus(env, plan, recipe, default_dp))
