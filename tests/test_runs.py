@@ -550,9 +550,9 @@ def test_queued_jobs_appear_before_they_write_and_a_pending_run_says_why(
 
     assert cli.main(["runs", "--dir", str(out), "--sweep", "sw"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert [line.split()[:3] for line in table[1:]] == [
-        ["sw-seed=1", "?", "not"],  # "not started"
-        ["sw-seed=2", "?", "pending"],
+    assert [line.split()[:4] for line in table[2:]] == [
+        ["0", "1", "not", "started"],
+        ["1", "2", "pending", "-"],
     ]
 
 

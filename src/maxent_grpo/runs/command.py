@@ -1,5 +1,5 @@
 """`maxent-grpo runs`: the runs found on disk, the toolkit's jobs in the Slurm queue, and, with
-`--sweep NAME`, the points of one sweep in their order."""
+`--sweep NAME`, the points of one sweep side by side (runs/compare.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 
 from maxent_grpo.errors import UserError
 from maxent_grpo.rundir.sweeps import POINTS_SUFFIX, Point, find_points, read_points
+from maxent_grpo.runs.compare import PointRow, format_comparison, point_rows
 from maxent_grpo.runs.queue import merge_queue, read_queue
-from maxent_grpo.runs.table import ACTIVE_WITHIN_S, RunInfo, collect_runs, format_table
+from maxent_grpo.runs.table import ACTIVE_WITHIN_S, collect_runs, format_table
 
 DEFAULT_DIRS = ("outputs", "logs")
 
@@ -27,16 +28,6 @@ def sweep_of(sweep: str, dirs: Sequence[str]) -> list[Point]:
             "give --dir with the folder that holds the sweep's runs"
         )
     return read_points(path)[1]
-
-
-def only_points(runs: list[RunInfo], points: list[Point]) -> list[RunInfo]:
-    """The sweep's rows in point order; a point with no files and no queued job says so."""
-    by_name = {run.run: run for run in runs}
-    return [
-        by_name.get(p.name)
-        or RunInfo(run=p.name, state="not started", reason="not queued and nothing written")
-        for p in points
-    ]
 
 
 def main(
@@ -57,14 +48,27 @@ def main(
         print(note, file=sys.stderr)
     runs = merge_queue(runs, jobs)
     if points is not None:
-        runs = only_points(runs, points)
+        return _show_sweep(sweep, point_rows(points, runs), as_json, now)
     if as_json:
         print(json.dumps([r.to_dict(now) for r in runs], indent=2))
     elif not runs:
         print(f"no runs found under {', '.join(dirs)} and none queued")
     else:
-        try:
-            print(format_table(runs, now), flush=True)
-        except BrokenPipeError:  # `maxent-grpo runs | head`
-            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        _print(format_table(runs, now))
     return 0
+
+
+def _show_sweep(sweep: str, rows: list[PointRow], as_json: bool, now: float) -> int:
+    """The points of one sweep, side by side (runs/compare.py)."""
+    if as_json:
+        print(json.dumps([row.to_dict(now) for row in rows], indent=2))
+    else:
+        _print(format_comparison(sweep, rows))
+    return 0
+
+
+def _print(text: str) -> None:
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `maxent-grpo runs | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)

@@ -11,7 +11,6 @@ matplotlib draws headless (Agg canvas, no pyplot, no display needed).
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import re
@@ -20,8 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from maxent_grpo.errors import UserError
-from maxent_grpo.rundir.events import events_path, read_events
-from maxent_grpo.rundir.ledger import score_series
+from maxent_grpo.rundir.events import read_events
+from maxent_grpo.runs.history import (
+    EVAL_PREFIX,
+    history_from_events,  # noqa: F401 - its older home
+    load_history,
+    with_scores,
+)
 from maxent_grpo.runs.sources import looks_like_run_dir, read_output_dir
 from maxent_grpo.runs.state import detect_method, resume_points, split_attempts
 from maxent_grpo.runs.table import METHOD_LABELS
@@ -69,7 +73,6 @@ PANELS = (
     Panel("Busy share", ("time/trainer_busy", "time/server_busy"), "share of the step"),
 )
 _REWARD_FUNC_RE = re.compile(r"^rewards/(.+)/mean$")
-EVAL_PREFIX = "eval/"  # a benchmark's score in the history: eval/<benchmark>
 
 
 def resolve_output_dir(run: str | os.PathLike, outputs: str | os.PathLike = "outputs") -> Path:
@@ -85,82 +88,6 @@ def resolve_output_dir(run: str | os.PathLike, outputs: str | os.PathLike = "out
         f"{run}: no such run: neither an output directory nor a run under {outputs}/ "
         "(one with events.jsonl, trainer_state.json or checkpoint-N/)"
     )
-
-
-def history_from_events(events: Sequence[dict]) -> list[dict]:
-    """The step events as log_history entries ({**metrics, "step": N}), oldest first.
-
-    What an attempt logged after the checkpoint the next attempt resumed from is dropped (the
-    resumed attempt logs those steps again), as in the trainer's own state; so is what a
-    trainer restarted by hand logged past the step it started again at.
-    """
-    history: list[dict] = []
-    checkpoint = 0
-    for event in events:
-        step = event.get("step")
-        if event["event"] == "attempt_start":
-            history = [entry for entry in history if entry["step"] <= checkpoint]
-        elif not isinstance(step, int):
-            continue
-        elif event["event"] in ("checkpoint", "outcome"):
-            checkpoint = max(checkpoint, step)
-        elif event["event"] == "step":
-            if history and step < history[-1]["step"]:
-                history = [entry for entry in history if entry["step"] < step]
-            history.append({**(event.get("metrics") or {}), "step": step})
-    return history
-
-
-def with_scores(history: Sequence[dict], events: Sequence[dict]) -> list[dict]:
-    """The history with each benchmark's score (`eval` events, rundir/ledger.py) as
-    `eval/<benchmark>` at its step: beside that step's metrics, or an entry of its own."""
-    series = score_series(events)
-    if not series:
-        return list(history)
-    entries = [dict(entry) for entry in history]
-    by_step = {entry["step"]: entry for entry in entries if "step" in entry}
-    for name, points in series.items():
-        for step, score in points:
-            if step not in by_step:
-                by_step[step] = {"step": step}
-                entries.append(by_step[step])
-            by_step[step][EVAL_PREFIX + name] = score
-    return sorted(entries, key=lambda entry: entry.get("step", 0))
-
-
-def _state_history(output_dir: Path) -> tuple[list[dict], Path] | None:
-    """The longest log_history of the run: its final trainer_state.json, else the newest
-    complete checkpoint's (a run in progress is plotted up to its last checkpoint)."""
-    out = read_output_dir(output_dir)
-    candidates = [out.path / "trainer_state.json"]
-    candidates += [
-        out.path / f"checkpoint-{step}" / "trainer_state.json"
-        for step, complete, _ in reversed(out.checkpoints)
-        if complete
-    ]
-    best: tuple[int, list[dict], Path] | None = None
-    for path in candidates:
-        try:
-            state = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        step = state.get("global_step") or 0
-        if best is None or step > best[0]:
-            best = (step, state.get("log_history") or [], path)
-    return None if best is None else (best[1], best[2])
-
-
-def load_history(output_dir: str | os.PathLike, events: Sequence[dict]) -> tuple[list[dict], Path]:
-    """(history, its file): the step events, else (a run without them) the trainer state."""
-    if history := history_from_events(events):
-        return history, events_path(output_dir)
-    found = _state_history(Path(output_dir))
-    if found is None:
-        raise UserError(
-            f"{output_dir}: nothing to plot yet: no step events, no trainer_state.json "
-            "and no complete checkpoint"
-        )
-    return found
 
 
 def series_keys(history: Sequence[dict]) -> list[str]:

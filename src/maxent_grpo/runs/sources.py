@@ -144,6 +144,7 @@ class TrainerState:
     global_step: int | None = None
     max_steps: int | None = None
     reward: float | None = None  # the last logged mean reward
+    loss: float | None = None  # the last logged training loss (SFT logs no reward)
 
 
 _NUMBER = r"(-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|NaN|-?Infinity)"
@@ -167,11 +168,18 @@ def read_trainer_state(path: str | os.PathLike) -> TrainerState | None:
                     out.max_steps = int(found[1])
                 if rewards := re.findall(r'"reward": ' + _NUMBER, tail):
                     out.reward = float(rewards[-1])
+                if losses := re.findall(r'"loss": ' + _NUMBER, tail):
+                    out.loss = float(losses[-1])
                 return out
         state = json.loads(Path(path).read_text())
-        rewards = [e["reward"] for e in state.get("log_history") or [] if "reward" in e]
+        history = state.get("log_history") or []
+        rewards = [e["reward"] for e in history if "reward" in e]
+        losses = [e["loss"] for e in history if "loss" in e]
         return TrainerState(
-            state.get("global_step"), state.get("max_steps"), rewards[-1] if rewards else None
+            state.get("global_step"),
+            state.get("max_steps"),
+            rewards[-1] if rewards else None,
+            losses[-1] if losses else None,
         )
     except (OSError, ValueError, AttributeError, TypeError, KeyError):
         return None
@@ -189,10 +197,10 @@ def newest_trainer_state(out: OutputDir) -> TrainerState | None:
 
 
 def method_from_training_args(out: OutputDir) -> str | None:
-    """GRPO or MaxEnt from training_args.bin without unpickling it.
+    """GRPO, MaxEnt or SFT from training_args.bin without unpickling it.
 
     torch.save stores the pickle uncompressed; it names the config class by module and name
-    (maxent_grpo...GRPOConfig, maxent_grpo...MaxEntConfig).
+    (maxent_grpo...GRPOConfig, maxent_grpo...MaxEntConfig, maxent_grpo...SFTConfig).
     """
     paths = [out.path / "training_args.bin"] if "training_args.bin" in out.names else []
     if out.checkpoints:
@@ -205,6 +213,8 @@ def method_from_training_args(out: OutputDir) -> str | None:
             continue
         if b"maxent_grpo.maxent" in data or b"MaxEntConfig" in data:
             return "maxent"
+        if b"SFTConfig" in data:
+            return "sft"
         if b"GRPOConfig" in data:
             return "grpo"
     return None

@@ -85,7 +85,9 @@ def detect_method(
     keys = {key for step in steps for key in step.get("metrics") or {}}
     if any(key.startswith("maxent/") for key in keys):
         return "maxent"
-    return "grpo" if keys & {"loss", "reward"} else None
+    if "reward" in keys:
+        return "grpo"
+    return "sft" if "mean_token_accuracy" in keys else None  # TRL's SFTTrainer logs it
 
 
 def age_text(seconds: float | None) -> str:

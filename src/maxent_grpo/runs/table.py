@@ -57,7 +57,7 @@ METHOD_LABELS = {name: method.label for name, method in METHODS.items()}
 @dataclass
 class RunInfo:
     run: str
-    method: str | None = None  # "grpo" | "maxent" | None
+    method: str | None = None  # a name of maxent_grpo.methods.METHODS, or None
     state: str = "unknown"
     reason: str = ""
     outcome: str | None = None  # the latest attempt's outcome class, as written
@@ -67,6 +67,7 @@ class RunInfo:
     step: int | None = None
     max_steps: int | None = None
     reward: float | None = None
+    loss: float | None = None  # the last logged training loss: REWARD shows it without a reward
     checkpoint: str | None = None  # newest complete checkpoint directory name
     evals: dict[str, dict] = field(default_factory=dict)  # benchmark -> its newest step, score
     evals_queued: int = 0  # benchmark evaluations queued and not finished
@@ -127,8 +128,8 @@ def _progress(info: RunInfo, out: OutputDir | None, steps: list[dict]) -> None:
     if steps:
         info.step = steps[-1].get("step")
         info.max_steps = steps[-1].get("max_steps")
-        rewards = [s["metrics"]["reward"] for s in steps if "reward" in (s.get("metrics") or {})]
-        info.reward = rewards[-1] if rewards else None
+        info.reward = _last(steps, "reward")
+        info.loss = _last(steps, "loss")
         counted = [s["metrics"] for s in steps if "rollouts/rounds" in (s.get("metrics") or {})]
         info.rollouts = _rollouts(counted[-1]) if counted else None
         timed = [s["metrics"] for s in steps if "time/step_s" in (s.get("metrics") or {})]
@@ -141,10 +142,16 @@ def _progress(info: RunInfo, out: OutputDir | None, steps: list[dict]) -> None:
         state = newest_trainer_state(out)
         if state is not None:
             if info.step is None or (state.global_step or 0) > info.step:
-                info.step, info.reward = state.global_step, state.reward
+                info.step, info.reward, info.loss = state.global_step, state.reward, state.loss
             info.max_steps = info.max_steps or state.max_steps
     if info.step is None and out.marker:
         info.step = out.marker.get("global_step")
+
+
+def _last(steps: list[dict], key: str) -> float | None:
+    """The newest step event's value of `key`, among those that logged it."""
+    found = [s["metrics"][key] for s in steps if key in (s.get("metrics") or {})]
+    return found[-1] if found else None
 
 
 def _rollouts(metrics: dict) -> str:
@@ -258,13 +265,18 @@ def outcome_counts(attempts: Sequence[Attempt]) -> dict[str, int]:
     return counts
 
 
+def outcome_text(run: RunInfo) -> str:
+    """The state's reason, after the latest outcome's class when that is not completed."""
+    text, kind = run.reason, run.outcome
+    if kind and kind != "completed" and not text.startswith(f"{kind}:"):
+        text = f"{kind}: {text}" if text else kind
+    return text
+
+
 def detail_text(run: RunInfo) -> str:
     """DETAIL: the latest outcome's class and reason; after several attempts, how many ended
     with each class (`attempts: 2 preempted, 1 hang`)."""
-    text = run.reason
-    kind = run.outcome
-    if kind and kind != "completed" and not text.startswith(f"{kind}:"):
-        text = f"{kind}: {text}" if text else kind
+    text = outcome_text(run)
     if run.attempts > 1 and run.outcomes:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(run.outcomes.items(), key=lambda i: -i[1]))
         text = f"{text} (attempts: {counts})" if text else f"attempts: {counts}"
@@ -323,6 +335,13 @@ def _reward(value: float | None) -> str:
     return f"{value:.4g}"
 
 
+def _headline(run: RunInfo) -> str:
+    """REWARD: the last mean reward; for a run that logs none but a loss (SFT), `loss X`."""
+    if run.reward is None and run.loss is not None and run.method not in ("grpo", "maxent"):
+        return f"loss {_reward(run.loss)}"
+    return _reward(run.reward)
+
+
 def _jobs(jobs: list[str]) -> str:
     if not jobs:
         return "-"
@@ -352,7 +371,7 @@ def table_rows(runs: Sequence[RunInfo], now: float | None = None) -> list[tuple[
         method = METHOD_LABELS.get(run.method or "", "?")
         rows.append(
             (run.run, method, run.state, _jobs(run.jobs), str(run.attempts), step)
-            + (_reward(run.reward), run.checkpoint or "-", _evals(run), age_text(run.age(now)))
+            + (_headline(run), run.checkpoint or "-", _evals(run), age_text(run.age(now)))
             + (reason,)
         )
     return rows
