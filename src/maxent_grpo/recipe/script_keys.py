@@ -114,6 +114,15 @@ class ScriptArguments:
             "chat template must support tool calls. Turns: max_tool_calling_iterations."
         },
     )
+    environment: str | None = field(
+        default=None,
+        metadata={
+            "help": "A class 'module:Class' TRL makes one instance of per rollout "
+            "(environment_factory; docs/tools.md): reset(**row) before generation, its public "
+            "methods offered as tools (limits: tool_timeout_seconds, tool_output_max_chars), "
+            "an optional get_reward() scoring the rollout. Needs chat prompts."
+        },
+    )
     tool_timeout_seconds: Annotated[float, Accepts(range=(">", 0))] = field(
         default=10.0,
         metadata={"help": "Time limit of one tool call; past it the call is a tool error."},
