@@ -5,6 +5,7 @@ event log's own writer (`emit`), as the launcher and trainers write them."""
 
 from __future__ import annotations
 
+import csv
 import json
 import socket
 from pathlib import Path
@@ -156,3 +157,62 @@ def test_sweep_of_sft_points_is_judged_by_the_lowest_loss(tmp_path, capsys, monk
     assert lines[1].split()[:6] == ["#", "lr", "STATE", "STEP", "LOSS", "BEST"]
     assert lines[2].split()[:6] == ["0", "1", "completed", "4/4", "1.4", "1.2@2"]
     assert lines[3].split()[4:6] == ["2", "2@2"]
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _long_csv(path: Path) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """(label, key) -> [(step, value)] of an overlay's CSV."""
+    found: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    with open(path) as handle:
+        for row in csv.DictReader(handle):
+            found.setdefault((row["label"], row["key"]), []).append(
+                (int(row["step"]), float(row["value"]))
+            )
+    return found
+
+
+def test_plot_sweep_overlays_the_points_labelled_by_their_values(tmp_path, capsys):
+    make_sweep(tmp_path)
+    assert cli.main(["plot", "--sweep", "sw", "--outputs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"plot: {tmp_path}/sw.png (2 run(s): reward, arithmetic)" in out
+    assert (
+        "not plotted (nothing logged yet): learning_rate=1e-3 seed=1, learning_rate=2e-3 seed=1"
+        in out
+    )
+    assert (tmp_path / "sw.png").read_bytes().startswith(PNG_SIGNATURE)
+    series = _long_csv(tmp_path / "sw.csv")
+    assert series == {
+        # step 3 of the preempted attempt (0.5) is replaced by the resumed one's (0.6)
+        ("learning_rate=1e-3 seed=2", "reward"): [(1, 0.1), (2, 0.9), (3, 0.6), (4, 0.7)],
+        ("learning_rate=1e-3 seed=2", "eval/arithmetic"): [(4, 0.25)],
+        ("learning_rate=2e-3 seed=2", "reward"): [(1, 0.2), (2, 0.3), (3, 0.3), (4, 0.1)],
+    }
+
+
+def test_plot_of_several_runs_without_reward_overlays_their_loss(tmp_path, capsys):
+    make_sft(tmp_path / "a")
+    make_sft(tmp_path / "b", losses=(3.0, 2.0))
+    png = tmp_path / "p" / "ab.png"
+    assert cli.main(["plot", "a", "b", "--outputs", str(tmp_path), "--out", str(png)]) == 0
+    assert "(2 run(s): loss)" in capsys.readouterr().out
+    assert _long_csv(png.with_suffix(".csv")) == {
+        ("a", "loss"): [(1, 2.0), (2, 1.2), (3, 1.5), (4, 1.4)],
+        ("b", "loss"): [(1, 3.0), (2, 2.0)],
+    }
+    assert cli.main(["plot", "--outputs", str(tmp_path)]) == 2  # nothing named
+
+
+def test_plot_of_a_run_without_reward_draws_its_loss(tmp_path):
+    from maxent_grpo.runs.plot import plot_run
+
+    make_sft(tmp_path / "sft")
+    png, table, info = plot_run("sft", tmp_path / "sft.png", outputs=tmp_path)
+    assert png.read_bytes().startswith(PNG_SIGNATURE)
+    assert info["panels"] == ["Training loss", "Token accuracy", "Policy entropy"]
+    with open(table) as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ["step", "loss", "mean_token_accuracy", "entropy"]
+    assert [float(row["loss"]) for row in rows] == [2.0, 1.2, 1.5, 1.4]

@@ -257,7 +257,12 @@ def _add_runs_commands(sub) -> None:
         "running while its events or log were written in the last MIN minutes (default 15)",
     )
     plot = sub.add_parser("plot", help="plot a run's reward, KL, entropy, length (PNG + CSV)")
-    plot.add_argument("run", help="run name (looked up under --outputs) or an output directory")
+    plot.add_argument(
+        "run",
+        nargs="*",
+        help="run name (looked up under --outputs) or an output directory; several: one figure",
+    )
+    plot.add_argument("--sweep", default=None, help="the points of sweep NAME in one figure")
     plot.add_argument("--out", default=None, help="PNG file (default: <output_dir>/<run>.png)")
     plot.add_argument("--csv", default=None, help="CSV file (default: the PNG's name, .csv)")
     plot.add_argument("--outputs", default="outputs", help="where run names are looked up")
@@ -285,9 +290,13 @@ def _run(args) -> int:
         active = args.active_within * 60
         return runs_main(args.dirs, as_json=args.json, active_within=active, sweep=args.sweep)
     if args.command == "plot":
+        if args.sweep or len(args.run) != 1:  # several runs in one figure
+            from maxent_grpo.runs.overlay import main as overlay_main  # plot only
+
+            return overlay_main(args.run, args.sweep, args.out, args.csv, args.outputs)
         from maxent_grpo.runs.plot import main as plot_main  # plot only
 
-        return plot_main(args.run, args.out, args.csv, args.outputs)
+        return plot_main(args.run[0], args.out, args.csv, args.outputs)
     if args.command == "eval":
         from maxent_grpo.evaluate.command import main as evaluate_main  # eval only
 

@@ -6,8 +6,9 @@
   log files found by name (never parsed), live processes in /proc;
 - `state`: the state rules, from the events and those facts;
 - `table`: one row per run; `queue`: the toolkit's jobs in the Slurm queue (squeue);
-  `command`: `maxent-grpo runs` (files, queue, a sweep's points); `plot`: a run's curves
-  (`maxent-grpo plot`).
+  `command`: `maxent-grpo runs` (files, queue, a sweep's points); `compare`: a sweep's points
+  side by side (`runs --sweep`); `history`: a run's logged series and its headline metric;
+  `plot`: a run's curves (`maxent-grpo plot`); `overlay`: several runs in one figure.
 """
 
 from maxent_grpo.runs.command import main

@@ -37,10 +37,14 @@ class Panel:
     keys: tuple[str, ...]  # exact keys; "rewards/*/mean" expands to every reward function
     ylabel: str = ""
     log_scale: bool = False
+    unless: str | None = None  # left out when the history has this key
 
 
 PANELS = (
     Panel("Reward", ("reward", "rewards/*/mean"), "mean reward"),
+    # a run without a reward (SFT) is judged by its loss; a GRPO loss says little, left out
+    Panel("Training loss", ("loss",), "loss", unless="reward"),
+    Panel("Token accuracy", ("mean_token_accuracy",), "share of tokens"),
     Panel("Benchmark scores", ("eval/*",), "score (mean pass@k)"),
     Panel("KL to the reference", ("kl", "maxent/kl"), "KL (per token)"),
     Panel("Policy entropy", ("entropy",), "nats / token"),
@@ -102,6 +106,8 @@ def series_keys(history: Sequence[dict]) -> list[str]:
 
 
 def _panel_keys(panel: Panel, present) -> list[str]:
+    if panel.unless is not None and panel.unless in present:
+        return []
     keys = []
     for key in panel.keys:
         if key == "rewards/*/mean":
