@@ -121,4 +121,6 @@ def check_recipe(recipe: Recipe) -> Recipe:
             with problems.check("vllm_server_timeout"):
                 check_server_wait(training)
             check_trainer_values(training, recipe.model)
+    if script is None:  # not built (its problems are collected outside): nothing to replace
+        return recipe
     return dataclasses.replace(recipe, script=dataclasses.replace(script, dataset_mixture=mixture))

@@ -97,6 +97,17 @@ def unknown_key_problem(path: str, key: str, value: Any, valid: list[str]) -> st
     )
 
 
+def other_method_problem(path: str, key: str, method: str) -> str | None:
+    """The line for a key of another method only (reward_funcs in an SFT recipe), or None."""
+    owners = [m for m in METHODS if m != method and key in method_keys(m)]
+    if not owners:
+        return None
+    return (
+        f"{path}: key '{key}' belongs to method {' and '.join(owners)}, and this recipe's "
+        f"method is {method}, which does not use it; remove {key} or set method: {owners[0]}"
+    )
+
+
 def load_recipe_file(path: str) -> dict[str, Any]:
     """Read a recipe YAML into a dict, with one-line errors for a missing or malformed file."""
     try:
@@ -238,7 +249,8 @@ def _check_and_convert(
     for key, value in raw.items():
         with problems.check(key):
             if key not in actions or key == "help":
-                raise ConfigError(unknown_key_problem(path, key, value, valid))
+                line = other_method_problem(path, key, method)
+                raise ConfigError(line or unknown_key_problem(path, key, value, valid))
             converted[key] = _convert_value(key, value, actions[key], path, containers)
     return converted
 

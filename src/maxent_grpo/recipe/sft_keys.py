@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import trl
 from trl import ModelConfig
 
+from maxent_grpo.errors import ConfigError
 from maxent_grpo.recipe.keys import GRPOConfig, LauncherKeys, ScriptArguments
 
 # ScriptArguments' keys that an SFT run reads: where its rows come from and how the prompt is
@@ -57,8 +58,18 @@ def _copied_fields(source: type, names: tuple[str, ...]) -> list[tuple[str, obje
     ]
 
 
+def _check_answers(self) -> None:
+    if self.dataset_answer_column is None:
+        raise ConfigError(
+            "dataset_answer_column: null: an SFT run trains on each row's answer as the reply "
+            "to its prompt; name the column that holds it (e.g. solution)"
+        )
+
+
 SFTScriptArguments = dataclasses.make_dataclass(
-    "SFTScriptArguments", _copied_fields(ScriptArguments, _DATA_KEYS)
+    "SFTScriptArguments",
+    _copied_fields(ScriptArguments, _DATA_KEYS),
+    namespace={"__post_init__": _check_answers},
 )
 SFTScriptArguments.__module__ = __name__
 SFTScriptArguments.__doc__ = "ScriptArguments' data keys: what an SFT run trains on."

@@ -167,7 +167,7 @@ def _build_trainer(recipe, trainer_class):
     dataset = load_datasets(script_args)
     sft = recipe.method == "sft"  # no rewards, no reference model (train/sft_trainer.py)
     if sft:
-        from maxent_grpo.train.sft_trainer import prompt_completion  # imports TRL
+        from maxent_grpo.data.sft_rows import prompt_completion  # imports datasets
 
         dataset = {split: prompt_completion(rows) for split, rows in dataset.items()}
     extra = {} if sft else _rewards_and_tools(recipe)
