@@ -12,7 +12,7 @@ from maxent_grpo.errors import EXIT_USER_ERROR, UserError, error_report
 from maxent_grpo.launch.attempt import run_attempt
 from maxent_grpo.launch.launcher import RunRequest, prepare
 from maxent_grpo.launch.plan import parse_visible_devices
-from maxent_grpo.methods import METHODS
+from maxent_grpo.methods import METHODS, RL_METHODS
 from maxent_grpo.recipe.parser import load_recipe_file
 from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
 
@@ -379,7 +379,13 @@ def _check(request, environment) -> str:
         [
             *(f"note: {note}" for note in notes),
             f"ok: {request.recipe} is valid for {plan.train.num_processes} training process(es) "
-            f"on {plan.device}; output_dir {prepared.keys.output_dir}" + _server_summary(plan),
+            f"on {plan.device}; output_dir {prepared.keys.output_dir}"
+            + _server_summary(plan)
+            + (
+                ""
+                if prepared.keys.method in RL_METHODS
+                else "; no vLLM server (SFT generates nothing)"
+            ),
         ]
     )
 
