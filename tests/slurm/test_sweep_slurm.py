@@ -1,12 +1,14 @@
 """`maxent-grpo sweep`, the queue in `maxent-grpo runs` and `sbatch --chain` on the real test
-cluster. The sweep: a 2x2 grid as one throttled array, one point
+cluster. The sweep: a 2x2 grid (the recipe's `sweep:` section and --grid, merged) as one
+throttled array, one point
 failing on purpose (its reward module cannot be loaded on that point only: a user error, not
 retried), the other three finish.
 
 What it shows: one `sbatch --array=0-3%2`, each task trains its own point in its own run
 directory; point 0 fails first, and the tasks that start after it still run (a sweep task
 remembers a user error for its point alone: launch/slurm.py user_error_marker; a retry array
-would stop its later tasks); `maxent-grpo runs` shows which point failed and why.
+would stop its later tasks); `maxent-grpo runs --sweep` shows which point failed and why and
+each finished point's final and best reward; `plot --sweep` draws the three that trained.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from helpers.paths import MAXENT_GRPO, REPO
 from helpers.recipes import ONE_THREAD, small_recipe
 from maxent_grpo.rundir.events import read_events
 
-GRID = "learning_rate=[1e-3,2e-3] seed=[1,2]"
+GRID = "learning_rate=[1e-3,2e-3]"  # merged with the recipe's sweep: section (seed, throttle)
 
 
 def runs_json(env: dict, *args: str) -> list[dict]:
@@ -43,6 +45,7 @@ def test_sweep_2x2_array_one_point_fails_the_others_finish(slurm_cluster, tmp_pa
         max_completion_length=8,
         reward_funcs=["digit_fraction", "tests.helpers.sweep_rewards:constant"],
         reward_weights=[1.0, 1.0],
+        sweep={"grid": {"seed": [1, 2]}, "throttle": 2},
     )
     env = {
         **slurm_cluster.env,
@@ -52,7 +55,7 @@ def test_sweep_2x2_array_one_point_fails_the_others_finish(slurm_cluster, tmp_pa
     }
     command = [MAXENT_GRPO, "sweep", "--config", str(recipe), "--grid", GRID, "--name", "sw"]
     command += ["--gpus", "1", "--cpus-per-task", "2", "--mem", "2G", "--time", "10"]
-    command += ["--throttle", "2", "--logs-dir", str(tmp_path / "logs")]
+    command += ["--logs-dir", str(tmp_path / "logs")]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "sweep sw: 4 point(s), all checked" in result.stdout
@@ -63,7 +66,7 @@ def test_sweep_2x2_array_one_point_fails_the_others_finish(slurm_cluster, tmp_pa
     # Before any task has written anything, `runs --sweep` shows every point from the queue;
     # the throttle holds two of them back.
     queued = runs_json(env, "--dir", str(tmp_path), "--sweep", "sw")
-    names = [f"sw-learning_rate={lr}-seed={s}" for lr in ("1e-3", "2e-3") for s in (1, 2)]
+    names = [f"sw-seed={s}-learning_rate={lr}" for s in (1, 2) for lr in ("1e-3", "2e-3")]
     assert [r["run"] for r in queued] == names
     assert all(r["jobs"] == [job] for r in queued), queued
     assert any(r["reason"].startswith("queued (JobArrayTaskLimit)") for r in queued), queued
@@ -84,15 +87,37 @@ def test_sweep_2x2_array_one_point_fails_the_others_finish(slurm_cluster, tmp_pa
     failed = runs[names[0]]
     assert failed["state"] == "failed" and failed["outcome"] == "user_error", failed
     assert "point 0 cannot load this reward" in failed["reason"], failed
-    print(
-        subprocess.run(
-            [MAXENT_GRPO, "runs", "--dir", str(tmp_path)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        ).stdout
+
+    # The points side by side: final and best reward of each finished point, from its events.
+    compared = runs_json(env, "--dir", str(tmp_path), "--sweep", "sw")
+    assert [r["index"] for r in compared] == [0, 1, 2, 3]
+    assert compared[0]["outcome"] == "user_error" and compared[0]["best"] is None
+    for row in compared[1:]:
+        rewards = [
+            e["metrics"]["reward"]
+            for e in read_events(tmp_path / row["run"])
+            if e["event"] == "step" and "reward" in e["metrics"]
+        ]
+        assert row["metric"] == "reward" and row["final"]["value"] == rewards[-1], row
+        assert row["best"]["value"] == max(rewards) and row["values"]["seed"] in ("1", "2")
+    plotted = subprocess.run(
+        [MAXENT_GRPO, "plot", "--sweep", "sw", "--outputs", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
+    assert plotted.returncode == 0, plotted.stderr
+    assert "(3 run(s): reward)" in plotted.stdout and (tmp_path / "sw.png").is_file()
+    assert "not plotted (nothing logged yet): seed=1 learning_rate=1e-3" in plotted.stdout
+    table = subprocess.run(
+        [MAXENT_GRPO, "runs", "--dir", str(tmp_path), "--sweep", "sw"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    print(table.stdout)
 
 
 def test_a_held_job_is_in_runs_before_it_has_written_anything(slurm_cluster, tmp_path):
