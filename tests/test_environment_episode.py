@@ -1,10 +1,17 @@
-"""An environment from a recipe (`environment: module:Class`, rewards/environments.py): the check
-of `maxent-grpo check`, and an episode through our GRPO trainer on CPU where the environment's
-turn is masked out of the loss and its get_reward scores the rollout.
+"""An environment from a recipe (`environment: module:Class`, rewards/environments.py) and tools
+with the rest of the trainer: the check of `maxent-grpo check`, then ONE scripted tool run on
+CPU (a module fixture, two trainer builds) that the integration tests below each look at:
+MaxEnt-GRPO with LoRA, a rollout filter and the environment together, saved after step 1 and
+resumed for step 2 (the `python` tool's episode: tests/test_tool_episode.py; both together make
+a prompt of the tools' schemas longer than the tiny model's 1024 positions, and TRL then drops
+the tool results).
 
 What stands in for what: the tiny model's sampling is scripted (helpers/scripted_policy.py):
-turn 1 calls the environment's `multiply` (6 x 7, or 6 x 8 on odd rows), turn 2 answers with
-the product. TRL's environment_factory path, the tool loop, the mask and the update are real.
+turn 1 calls the environment's `multiply` (6 x 7 on row 0, 6 x 8 on rows 1-3), turn 2 answers
+with the tool's result. TRL's environment_factory
+path, the tool loop, the masks, the MaxEnt weights, the filter, LoRA, the checkpoint and the
+resume are the real code paths. Rewards: answer_is_42 plus the environment's get_reward, so
+group 0 (rows 0, 1) has spread and group 1 (rows 2, 3) has none: nonzero_std drops it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from helpers.paths import SMOKE_MAXENT
 from helpers.recipes import small_recipe
 from helpers.scripted_policy import (
     qwen25_template,
@@ -30,10 +38,8 @@ from maxent_grpo.rewards.environments import get_environment
 
 ENV = "helpers.tool_envs:Calculator"
 TRAINING = SimpleNamespace(max_completion_length=32, reward_weights=None)
-MULTIPLY = (
-    {"name": "multiply", "arguments": {"a": 6, "b": 7}},
-    {"name": "multiply", "arguments": {"a": 6, "b": 8}},
-)
+TIMES_8 = {"name": "multiply", "arguments": {"a": 6, "b": 8}}
+CALLS = ({"name": "multiply", "arguments": {"a": 6, "b": 7}}, TIMES_8, TIMES_8, TIMES_8)
 
 
 def _check_line(environment: str) -> str:
@@ -66,54 +72,145 @@ def test_environment_methods_get_the_recipe_tool_limits():
     assert time.monotonic() - began < 2
 
 
-@pytest.mark.integration
-def test_environment_episode_masks_the_environment_turn_and_scores_with_its_reward(
-    tmp_path, tiny_model
-):
-    from maxent_grpo.recipe import build_recipe, read_recipe
-    from maxent_grpo.train.entry import _build_trainer
-    from maxent_grpo.train_process import trainer_class
-
-    recipe = small_recipe(
-        tmp_path,
+def _recipe(folder, tiny_model, **keys):
+    return small_recipe(
+        folder,
         tiny_model,
+        base=SMOKE_MAXENT,
         environment=ENV,
         max_tool_calling_iterations=1,
         chat_template=qwen25_template(),
         reward_funcs=["helpers.tool_rewards:answer_is_42"],
         reward_weights=None,
         num_generations=2,
-        per_device_train_batch_size=2,
+        per_device_train_batch_size=4,
         max_completion_length=256,
         learning_rate=1e-2,
-        max_steps=1,
-        save_strategy="no",
+        maxent_target_weight_entropy=0.5,  # < log 2: two completions a group
+        init_kl_coeff=1.0,  # a large beta: the reference term visibly moves the weights
+        use_peft=True,
+        lora_r=8,
+        lora_alpha=16,
+        lora_dropout=0.0,
+        lora_target_modules="all-linear",
+        rollout_filters=["nonzero_std"],
+        save_strategy="steps",
+        save_steps=1,
+        save_total_limit=None,
+        **keys,
     )
-    trainer = _build_trainer(
-        build_recipe(read_recipe(["--config", str(recipe)]), 1), trainer_class("grpo")
-    )
-    tokenizer = trainer.processing_class
-    widths = script_generate(trainer.model, tokenizer, MULTIPLY)
-    losses = record_loss_inputs(trainer)
-    before = [p.detach().clone() for p in trainer.model.parameters()]
-    trainer.train()
 
-    assert len(widths) == 2  # the first turn, then the turn after the environment's answer
-    # One environment per rollout, each reset once; reset's text reached the prompt.
-    envs = trainer.environments
-    assert len(envs) == 2 and len({id(e) for e in envs}) == 2
-    assert [e.resets for e in envs] == [1, 1] and sorted(e.results[0] for e in envs) == [42, 48]
-    (inputs,) = losses
-    for (kept, masked), prompt in zip(
-        split_by_tool_mask(tokenizer, inputs), inputs["prompt_ids"], strict=True
-    ):
+
+def _scripted_trainer(recipe_path):
+    from maxent_grpo.recipe import build_recipe, read_recipe
+    from maxent_grpo.train.entry import _build_trainer
+    from maxent_grpo.train_process import trainer_class
+
+    recipe = build_recipe(read_recipe(["--config", str(recipe_path)]), 1)
+    trainer = _build_trainer(recipe, trainer_class(recipe.method))
+    widths = script_generate(trainer.model, trainer.processing_class, CALLS)
+    return recipe, trainer, widths, record_loss_inputs(trainer)
+
+
+@pytest.fixture(scope="module")
+def tool_run(tmp_path_factory, tiny_model):
+    """Step 1 (saved), then a new trainer that resumes from it for step 2."""
+    from maxent_grpo.train.entry import _train_from_last_checkpoint
+
+    folder = tmp_path_factory.mktemp("tool_run")
+    _, first, first_widths, first_losses = _scripted_trainer(
+        _recipe(folder, tiny_model, max_steps=1)
+    )
+    params = lambda t: {n: p.detach().clone() for n, p in t.model.named_parameters()}  # noqa: E731
+    before = params(first)
+    first.train()
+    recipe, second, second_widths, _ = _scripted_trainer(
+        _recipe(folder, tiny_model, max_steps=2, name="resumed.yaml")
+    )
+    _train_from_last_checkpoint(second, folder / "out", recipe.training)
+    return SimpleNamespace(
+        first=first,
+        second=second,
+        inputs=first_losses[0],
+        widths=(first_widths, second_widths),
+        before=before,
+        after=params(first),
+        folder=folder,
+    )
+
+
+def _log(trainer, step: int) -> dict:
+    (log,) = [e for e in trainer.state.log_history if "loss" in e and e["step"] == step]
+    return log
+
+
+@pytest.mark.integration
+def test_environment_and_tool_turns_are_out_of_the_loss(tool_run):
+    tokenizer = tool_run.first.processing_class
+    pairs = split_by_tool_mask(tokenizer, tool_run.inputs)
+    for (kept, masked), prompt in zip(pairs, tool_run.inputs["prompt_ids"], strict=True):
+        # reset()'s text reached the prompt; both turns of the policy are in, the result out.
         assert "(You have a multiply tool.)" in tokenizer.decode(prompt)
         assert "<tool_call>" in kept and "<answer>" in kept and "<tool_response>" not in kept
-        assert "<tool_response>" in masked and ("42" in masked or "48" in masked)
-    (log,) = [e for e in trainer.state.log_history if "loss" in e]
+        assert "<tool_response>" in masked
+    # The group trained: the environment's answers 42 and 48.
+    assert sorted(m.split("<tool_response>")[1].split()[0] for _, m in pairs) == ["42", "48"]
+    log = _log(tool_run.first, 1)
     assert log["tools/call_frequency"] == 1.0 and log["tools/failure_frequency"] == 0.0
-    # Two rewards: the recipe's (the answer) and the environment's get_reward (its state).
-    assert log["rewards/answer_is_42/mean"] == 0.5 and log["rewards/Calculator/mean"] == 0.5
-    assert log["reward"] == 1.0
-    after = list(trainer.model.parameters())
-    assert any(not torch.equal(b, a.detach()) for b, a in zip(before, after, strict=True))
+    # One environment per rollout, each reset once; the environment's own reward.
+    envs = tool_run.first.environments
+    assert len({id(e) for e in envs}) == 4 and [e.resets for e in envs] == [1, 1, 1, 1]
+    assert log["rewards/Calculator/mean"] == 0.25 and log["rewards/answer_is_42/mean"] == 0.25
+
+
+@pytest.mark.integration
+def test_rollout_filter_keeps_whole_tool_episodes(tool_run):
+    log = _log(tool_run.first, 1)
+    assert log["rollouts/groups_generated"] == 2.0 and log["rollouts/groups_trained"] == 1.0
+    inputs = tool_run.inputs
+    assert inputs["completion_ids"].shape[0] == 2  # the group with spread, every key regrouped
+    assert inputs["tool_mask"].shape == inputs["completion_mask"].shape
+
+
+@pytest.mark.integration
+def test_maxent_weights_see_only_the_policy_tokens(tool_run):
+    from maxent_grpo.maxent.weights import maxent_weights, sequence_log_likelihood
+
+    trainer, inputs = tool_run.first, tool_run.inputs
+    config = trainer.args
+    answers = [kept for kept, _ in split_by_tool_mask(trainer.processing_class, inputs)]
+    rewards = torch.tensor([2.0 if "<answer>42</answer>" in a else 0.0 for a in answers])
+
+    def weights(mask):
+        ref = sequence_log_likelihood(inputs["ref_per_token_logps"], mask, True)
+        return maxent_weights(
+            rewards,
+            2,
+            tau=config.maxent_tau,
+            beta=config.init_kl_coeff,
+            ref_log_likelihood=ref,
+            q_temperature=config.maxent_q_temperature,
+            q_epsilon=config.maxent_q_epsilon,
+        )
+
+    policy_only = weights(inputs["completion_mask"] * inputs["tool_mask"])
+    with_tool_output = weights(inputs["completion_mask"])
+    assert torch.allclose(inputs["maxent_weights"], policy_only, atol=1e-6)
+    assert not torch.allclose(with_tool_output, policy_only, atol=1e-5)  # 3e-4 apart here
+
+
+@pytest.mark.integration
+def test_lora_trains_only_the_adapter(tool_run):
+    changed = {n for n, p in tool_run.after.items() if not torch.equal(p, tool_run.before[n])}
+    assert changed and all("lora_" in n for n in changed)
+
+
+@pytest.mark.integration
+def test_a_stopped_tool_run_resumes(tool_run):
+    first_widths, second_widths = tool_run.widths
+    assert len(first_widths) == 2 and len(second_widths) == 2  # one step each: two turns
+    second = tool_run.second
+    assert second.state.global_step == 2
+    assert _log(second, 1) == _log(tool_run.first, 1)  # the history came from checkpoint-1
+    assert _log(second, 2)["tools/call_frequency"] == 1.0
+    assert (tool_run.folder / "out" / "checkpoint-2").is_dir()
