@@ -266,20 +266,20 @@ def outcome_counts(attempts: Sequence[Attempt]) -> dict[str, int]:
 
 
 def outcome_text(run: RunInfo) -> str:
-    """The state's reason, after the latest outcome's class when that is not completed."""
+    """The latest outcome's class and the state's reason; after several attempts, how many
+    ended with each class (`attempts: 2 preempted, 1 hang`)."""
     text, kind = run.reason, run.outcome
     if kind and kind != "completed" and not text.startswith(f"{kind}:"):
         text = f"{kind}: {text}" if text else kind
+    if run.attempts > 1 and run.outcomes:
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(run.outcomes.items(), key=lambda i: -i[1]))
+        text = f"{text} (attempts: {counts})" if text else f"attempts: {counts}"
     return text
 
 
 def detail_text(run: RunInfo) -> str:
-    """DETAIL: the latest outcome's class and reason; after several attempts, how many ended
-    with each class (`attempts: 2 preempted, 1 hang`)."""
+    """DETAIL: outcome_text, then the last step's rollout counts, time split, server events."""
     text = outcome_text(run)
-    if run.attempts > 1 and run.outcomes:
-        counts = ", ".join(f"{n} {k}" for k, n in sorted(run.outcomes.items(), key=lambda i: -i[1]))
-        text = f"{text} (attempts: {counts})" if text else f"attempts: {counts}"
     if run.rollouts:
         text = f"{text}; {run.rollouts}" if text else run.rollouts
     if run.time_split:
