@@ -1,0 +1,50 @@
+"""SFT then GRPO on the real test cluster: `maxent-grpo sbatch --config sft.yaml --chain
+grpo.yaml`, the GRPO recipe's init_from naming the SFT run's directory (not there yet when both
+are queued). Both jobs complete; the GRPO run starts from the SFT model and its settings
+(run_settings.json) and events record it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import yaml
+
+from helpers.paths import MAXENT_GRPO, REPO
+from helpers.recipes import ONE_THREAD, small_recipe
+from maxent_grpo.rundir.checkpoints import RUN_MARKER
+from maxent_grpo.rundir.events import read_events
+from maxent_grpo.rundir.settings import read_settings
+
+SMOKE_SFT = REPO / "recipes" / "smoke" / "config_sft.yaml"
+
+
+def test_sft_then_grpo_chain_starts_grpo_from_the_sft_model(slurm_cluster, tmp_path):
+    sft_dir, grpo_dir = tmp_path / "sft", tmp_path / "grpo"
+    sft = tmp_path / "sft.yaml"
+    sft_keys = dict(output_dir=str(sft_dir), max_steps=4, dataset_num_rows=64, **ONE_THREAD)
+    sft.write_text(yaml.safe_dump({**yaml.safe_load(SMOKE_SFT.read_text()), **sft_keys}))
+    grpo = small_recipe(
+        tmp_path, name="grpo.yaml", **ONE_THREAD, output_dir=str(grpo_dir), init_from=str(sft_dir)
+    )
+    env = {**slurm_cluster.env, "SBATCH_OUTPUT": f"{tmp_path}/slurm_%j.out"}
+    env["SBATCH_ERROR"] = f"{tmp_path}/slurm_%j.err"
+    command = [MAXENT_GRPO, "sbatch", "--config", str(sft), "--chain", str(grpo)]
+    command += ["--gpus", "1", "--cpus-per-task", "2", "--mem", "2G", "--time", "10"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs = [line.split()[2].rstrip(":") for line in result.stdout.splitlines()]
+    assert len(jobs) == 2, result.stdout
+
+    logs = lambda: "\n".join(p.read_text() for p in sorted(tmp_path.glob("slurm_*")))  # noqa: E731
+    assert slurm_cluster.wait(jobs[0], timeout=600, poll=2) == "COMPLETED", logs()
+    assert slurm_cluster.wait(jobs[1], timeout=600, poll=2) == "COMPLETED", logs()
+    marker = json.loads((sft_dir / RUN_MARKER).read_text())
+    assert marker["method"] == "sft" and marker["global_step"] == 4
+    settings = read_settings(grpo_dir)
+    assert settings is not None and settings.method == "grpo"
+    assert settings.values["model_name_or_path"] == str(sft_dir)
+    assert f"--model_name_or_path={sft_dir}" in settings.overrides
+    (event,) = [e for e in read_events(grpo_dir) if e["event"] == "init_from"]
+    assert event["path"] == str(sft_dir)
+    assert (grpo_dir / RUN_MARKER).is_file()
