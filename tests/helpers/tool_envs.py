@@ -67,3 +67,13 @@ class Sleepy:
         """
         time.sleep(seconds)
         return "awake"
+
+
+def m(a: int, b: int) -> int:
+    """Multiply (short: its schema is in every prompt of tests/vllm_server/test_vllm_tools.py).
+
+    Args:
+        a: A.
+        b: B.
+    """
+    return a * b
