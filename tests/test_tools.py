@@ -82,3 +82,10 @@ def test_check_passes_python_and_names_a_tool_that_cannot_be_imported():
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith("cannot load tool 'mypkg.tools:search': ModuleNotFoundError")
+
+
+def test_check_refuses_tools_on_plain_text_prompts():
+    training = SimpleNamespace(max_completion_length=32, reward_weights=None)
+    for keys in ({"tools": ["python"]}, {"environment": "helpers.tool_envs:Calculator"}):
+        with pytest.raises(ConfigError, match=r"^prompt_template: 'r1' sends plain-text prompts"):
+            check_rewards(ScriptArguments(prompt_template="r1", **keys), training)

@@ -41,6 +41,12 @@ def check_rewards(script_args, training_args) -> None:
         )
     except UserError as exc:  # the registry's one line: one problem among the recipe's others
         raise ConfigError(str(exc)) from None
+    if (script_args.tools or script_args.environment) and script_args.prompt_template:
+        # TRL reads tool calls from chat turns: on plain text its tool loop fails mid-step.
+        raise ConfigError(
+            f"prompt_template: {script_args.prompt_template!r} sends plain-text prompts, but "
+            "tools and environment need chat messages; remove prompt_template"
+        )
     try:
         from maxent_grpo.rewards.tools import get_tools  # imports transformers: seconds
 
