@@ -129,16 +129,32 @@ HASH="$(cat pyproject.toml scripts/setup_env.sh scripts/install_vllm_cpu.sh | sh
 if [[ $NODE == --gpu ]]; then
     EXTRAS="$EXTRAS,torch-cuda"
 fi
-installed=""
-if [[ -x "$PY" && -f "$STAMP_FILE" && "$(head -n 1 "$STAMP_FILE")" == "$HASH" ]] &&
-    recipe="$(recipe_extras "$PY" 2>/dev/null)"; then
-    installed="$(tail -n +2 "$STAMP_FILE" | tr '\n' ' ')"
-    EXTRAS="$EXTRAS,$recipe"
-    if [[ -z "$(extras_list "$EXTRAS" "$installed")" ]]; then
-        echo "$VENV/bin"
-        exit 0
+# Sets `installed` (the stamp's extras) and adds the recipe's to EXTRAS; exits when nothing
+# is missing.
+exit_when_up_to_date() {
+    installed=""
+    if [[ -x "$PY" && -f "$STAMP_FILE" && "$(head -n 1 "$STAMP_FILE")" == "$HASH" ]] &&
+        recipe="$(recipe_extras "$PY" 2>/dev/null)"; then
+        installed="$(tail -n +2 "$STAMP_FILE" | tr '\n' ' ')"
+        EXTRAS="$EXTRAS,$recipe"
+        if [[ -z "$(extras_list "$EXTRAS" "$installed")" ]]; then
+            echo "$VENV/bin"
+            exit 0
+        fi
     fi
+}
+exit_when_up_to_date
+# One install at a time (array tasks or test workers that start together after a dependency
+# change): the others wait, then find the environment up to date. Bounded: a first install
+# with vLLM's CPU build takes minutes, not half an hour.
+mkdir -p "$VENV"
+exec 9>"$VENV/.maxent-grpo-lock"
+if ! flock -w 1800 9; then
+    echo "error: another setup of $VENV held its lock for 30 min; if none runs, remove" \
+        "$VENV/.maxent-grpo-lock and run this again" >&2
+    exit 2
 fi
+exit_when_up_to_date
 # Keep what was installed before (same hash) and add what is wanted now.
 EXTRAS="$(extras_list "$installed,$EXTRAS")"
 

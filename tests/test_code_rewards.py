@@ -139,10 +139,10 @@ def test_wall_clock_limit_kills_a_sleeping_program():
 
 
 def test_cpu_limit_kills_an_infinite_loop():
-    # Wall limit far away: RLIMIT_CPU (1 s) ends the loop, with SIGXCPU or SIGKILL.
-    start = time.monotonic()
-    result = run_python("while True:\n    pass", "", Limits(wall_seconds=30, cpu_seconds=1))
-    assert result.status == "error" and time.monotonic() - start < 10
+    # Wall limit far away: RLIMIT_CPU (1 s) ends the loop, with SIGXCPU or SIGKILL. "error",
+    # not "timeout": the CPU limit ended it, however slowly a loaded machine let it use 1 s.
+    result = run_python("while True:\n    pass", "", Limits(wall_seconds=60, cpu_seconds=1))
+    assert result.status == "error", result
     assert result.returncode is not None and result.returncode != 0
 
 

@@ -8,6 +8,7 @@ at a local index holding only a stand-in "torch 2.13.0+cpu" (no file of this mac
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -140,6 +141,35 @@ def cpu_torch_index(folder: Path) -> str:
     page.parent.mkdir(parents=True)
     page.write_text(f'<a href="{wheel.as_uri().replace("+", "%2B")}">{wheel.name}</a>\n')
     return (folder / "simple").as_uri()
+
+
+def test_a_second_setup_waits_for_the_first_and_installs_nothing(venv, tmp_path):
+    """Array tasks that start together after a dependency change: one installs, the others
+    wait on the venv's lock and then find it up to date (before the lock, two pip runs in one
+    venv left it without its maxent-grpo script)."""
+    stamp_file = venv / ".maxent-grpo-stamp"
+    current = stamp_file.read_text()
+    stamp_file.write_text("stale-hash\n" + "".join(current.splitlines(keepends=True)[1:]))
+    err = tmp_path / "err"
+    environ = venv_env(MAXENT_GRPO_VENV=str(venv))
+    environ.pop("MAXENT_GRPO_EXTRAS", None)
+    with open(venv / ".maxent-grpo-lock", "w") as lock, open(err, "w") as err_file:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first setup, installing
+        waiting = subprocess.Popen(
+            ["bash", "scripts/setup_env.sh"],
+            cwd=REPO,
+            env=environ,
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            text=True,
+        )
+        time.sleep(3)
+        assert waiting.poll() is None and "Setting up" not in err.read_text()
+        stamp_file.write_text(current)  # the first setup finishes
+    out, _ = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0, err.read_text()[-2000:]
+    assert out.splitlines()[-1] == f"{venv}/bin"
+    assert "Setting up" not in err.read_text()
 
 
 def test_gpu_node_refuses_a_cpu_torch_in_one_line(tmp_path, monkeypatch):

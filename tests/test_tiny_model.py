@@ -1,3 +1,8 @@
+import fcntl
+import subprocess
+import sys
+import time
+
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from maxent_grpo.tiny_model import _build_tokenizer, build_tiny_model, ensure_tiny_model, is_current
@@ -29,3 +34,19 @@ def test_ensure_tiny_model_reuses_the_cache(tmp_path):
     mtime = weights.stat().st_mtime_ns
     assert ensure_tiny_model(tmp_path / "m") == path
     assert weights.stat().st_mtime_ns == mtime
+
+
+def test_a_second_process_waits_for_the_first_build_and_reuses_it(tmp_path):
+    """Two test workers (or ranks) starting at once build the model once: the second waits on
+    the lock beside it, then finds it current (before the lock it rebuilt it, deleting the
+    directory under a reader)."""
+    out = tmp_path / "m"
+    code = f"from maxent_grpo.tiny_model import ensure_tiny_model; ensure_tiny_model({str(out)!r})"
+    with open(tmp_path / ".m.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first build
+        second = subprocess.Popen([sys.executable, "-c", code])
+        time.sleep(2)  # the second finds no model and waits for the lock
+        build_tiny_model(out)
+        built = (out / "model.safetensors").stat().st_ino
+    assert second.wait(timeout=120) == 0
+    assert (out / "model.safetensors").stat().st_ino == built  # not built again

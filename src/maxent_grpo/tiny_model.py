@@ -8,10 +8,12 @@ untied embeddings (a weight reload comes out wrong with tied ones).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 # Bump when the recipe below changes, so a stale cached model is rebuilt.
@@ -133,6 +135,20 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     return out
 
 
+def _lock(file, timeout: float) -> None:
+    """Take an exclusive lock on file, waiting at most timeout seconds (a build takes ~2 s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                message = f"{file.name}: held by another build for {timeout:.0f}s"
+                raise TimeoutError(message) from None
+            time.sleep(0.2)
+
+
 def is_current(model_dir: str | os.PathLike, seed: int = 0) -> bool:
     marker = Path(model_dir) / _VERSION_FILE
     try:
@@ -143,7 +159,17 @@ def is_current(model_dir: str | os.PathLike, seed: int = 0) -> bool:
 
 
 def ensure_tiny_model(out_dir: str | os.PathLike = DEFAULT_TINY_MODEL_DIR, seed: int = 0) -> Path:
-    """Return the cached tiny model, building it first if it is missing or stale."""
+    """Return the cached tiny model, building it first if it is missing or stale.
+
+    Processes that start at once (parallel test workers, the ranks of a job) build it once:
+    the first holds a lock beside the model while the others wait for it and find it current.
+    """
     if is_current(out_dir, seed):
         return Path(out_dir)
-    return build_tiny_model(out_dir, seed)
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        _lock(lock, timeout=300.0)
+        if is_current(out, seed):
+            return out
+        return build_tiny_model(out, seed)

@@ -86,8 +86,14 @@ def _leaves_the_checkout_clean(request):
         )
 
 
+def _controller(config) -> bool:
+    """The session check runs once, in the process that started the test workers (xdist)."""
+    return not hasattr(config, "workerinput")
+
+
 def pytest_sessionstart(session):
-    session.config._clean_checkout_before = untracked() if active() else None
+    check = active() and _controller(session.config)
+    session.config._clean_checkout_before = untracked() if check else None
 
 
 def pytest_sessionfinish(session, exitstatus):
