@@ -98,6 +98,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
+    _add_run_command(sub)
+
+    plan = sub.add_parser("plan", help="print the launch plan (GPUs, ports, commands) only")
+    _add_recipe_args(plan)
+    _add_planned_allocation_args(plan)
+
+    check = sub.add_parser(
+        "check", help="validate a recipe for the planned allocation: every problem, one line each"
+    )
+    _add_recipe_args(check)
+    _add_planned_allocation_args(check)
+    _add_migrate_command(sub)
+
+    _add_queue_commands(sub)
+    _add_sweep_command(sub)
+
+    tiny = sub.add_parser("tiny-model", help="make the tiny local Qwen2 model (cached)")
+    tiny.add_argument("--out", default=None, help="directory (default: .cache/models/tiny-qwen2)")
+    _add_runs_commands(sub)
+    _add_eval_command(sub)
+    return parser
+
+
+def _add_run_command(sub) -> None:
     run = sub.add_parser(
         "run",
         help="check the recipe, plan the GPUs, start vLLM if needed and train (one attempt)",
@@ -116,17 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run point $SLURM_ARRAY_TASK_ID of this sweep (written by maxent-grpo sweep)",
     )
 
-    plan = sub.add_parser("plan", help="print the launch plan (GPUs, ports, commands) only")
-    _add_recipe_args(plan)
-    _add_planned_allocation_args(plan)
 
-    check = sub.add_parser(
-        "check", help="validate a recipe for the planned allocation: every problem, one line each"
-    )
-    _add_recipe_args(check)
-    _add_planned_allocation_args(check)
-    _add_migrate_command(sub)
-
+def _add_queue_commands(sub) -> None:
+    """`submit` (submitit) and `sbatch` (training.sh): check, then queue."""
     submit = sub.add_parser(
         "submit",
         help="check the recipe for the requested allocation, then queue it with submitit",
@@ -155,13 +171,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RECIPE",
         help="queue RECIPE after this job, with afterok (repeatable: each after the previous)",
     )
-    _add_sweep_command(sub)
-
-    tiny = sub.add_parser("tiny-model", help="make the tiny local Qwen2 model (cached)")
-    tiny.add_argument("--out", default=None, help="directory (default: .cache/models/tiny-qwen2)")
-    _add_runs_commands(sub)
-    _add_eval_command(sub)
-    return parser
 
 
 def _add_sweep_command(sub) -> None:
@@ -284,19 +293,8 @@ def _request(args):
 
 def _run(args) -> int:
     # Each command imports what only it needs: `run` (every attempt, every requeue) stays light.
-    if args.command == "runs":
-        from maxent_grpo.runs import main as runs_main  # runs only
-
-        active = args.active_within * 60
-        return runs_main(args.dirs, as_json=args.json, active_within=active, sweep=args.sweep)
-    if args.command == "plot":
-        if args.sweep or len(args.run) != 1:  # several runs in one figure
-            from maxent_grpo.runs.overlay import main as overlay_main  # plot only
-
-            return overlay_main(args.run, args.sweep, args.out, args.csv, args.outputs)
-        from maxent_grpo.runs.plot import main as plot_main  # plot only
-
-        return plot_main(args.run[0], args.out, args.csv, args.outputs)
+    if args.command in ("runs", "plot"):
+        return _report(args)
     if args.command == "eval":
         from maxent_grpo.evaluate.command import main as evaluate_main  # eval only
 
@@ -321,6 +319,34 @@ def _run(args) -> int:
         return 0
     if args.command == "migrate":
         return _migrate(args)
+    if args.command in ("submit", "sbatch"):
+        return _queue(args)
+    if args.command == "tiny-model":
+        print(ensure_tiny_model(args.out or DEFAULT_TINY_MODEL_DIR))
+        return 0
+    raise AssertionError(args.command)
+
+
+def _report(args) -> int:
+    """`runs` and `plot`: read run directories, start nothing."""
+    if args.command == "runs":
+        from maxent_grpo.runs import main as runs_main  # runs only
+
+        active = args.active_within * 60
+        return runs_main(args.dirs, as_json=args.json, active_within=active, sweep=args.sweep)
+    if args.command == "plot":
+        if args.sweep or len(args.run) != 1:  # several runs in one figure
+            from maxent_grpo.runs.overlay import main as overlay_main  # plot only
+
+            return overlay_main(args.run, args.sweep, args.out, args.csv, args.outputs)
+        from maxent_grpo.runs.plot import main as plot_main  # plot only
+
+        return plot_main(args.run[0], args.out, args.csv, args.outputs)
+    raise AssertionError(args.command)
+
+
+def _queue(args) -> int:
+    """`submit` and `sbatch`: the job is checked, then queued (nothing trains here)."""
     if args.command == "submit":
         from maxent_grpo.launch.sbatch import slurm_resources  # submit only
         from maxent_grpo.launch.submit import SubmitOptions, submit  # imports submitit
@@ -349,9 +375,6 @@ def _run(args) -> int:
         command = sbatch_command(_request(args), args)
         job_id = submit_sbatch(_request(args), args, command)
         print(f"submitted job {job_id}: {' '.join(command)}")
-        return 0
-    if args.command == "tiny-model":
-        print(ensure_tiny_model(args.out or DEFAULT_TINY_MODEL_DIR))
         return 0
     raise AssertionError(args.command)
 
