@@ -120,7 +120,7 @@ class Watchdog:
 
     @property
     def server_ok(self) -> float:
-        """When a server last answered: the latest of any server's answers."""
+        """The latest answer of any server, on the launcher's clock."""
         return max(self.answered.values(), default=self.clock())
 
     def restart_clocks(self) -> None:
