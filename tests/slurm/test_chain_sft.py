@@ -6,12 +6,12 @@ are queued). Both jobs complete; the GRPO run starts from the SFT model and its 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import yaml
 
-from helpers.paths import MAXENT_GRPO, REPO
+from helpers.paths import REPO
 from helpers.recipes import ONE_THREAD, small_recipe
+from helpers.runs import sbatch_chain, slurm_logs
 from maxent_grpo.rundir.checkpoints import RUN_MARKER
 from maxent_grpo.rundir.events import read_events
 from maxent_grpo.rundir.settings import read_settings
@@ -27,18 +27,9 @@ def test_sft_then_grpo_chain_starts_grpo_from_the_sft_model(slurm_cluster, tmp_p
     grpo = small_recipe(
         tmp_path, name="grpo.yaml", **ONE_THREAD, output_dir=str(grpo_dir), init_from=str(sft_dir)
     )
-    env = {**slurm_cluster.env, "SBATCH_OUTPUT": f"{tmp_path}/slurm_%j.out"}
-    env["SBATCH_ERROR"] = f"{tmp_path}/slurm_%j.err"
-    command = [MAXENT_GRPO, "sbatch", "--config", str(sft), "--chain", str(grpo)]
-    command += ["--gpus", "1", "--cpus-per-task", "2", "--mem", "2G", "--time", "10"]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    jobs = [line.split()[2].rstrip(":") for line in result.stdout.splitlines()]
-    assert len(jobs) == 2, result.stdout
-
-    logs = lambda: "\n".join(p.read_text() for p in sorted(tmp_path.glob("slurm_*")))  # noqa: E731
-    assert slurm_cluster.wait(jobs[0], timeout=600, poll=2) == "COMPLETED", logs()
-    assert slurm_cluster.wait(jobs[1], timeout=600, poll=2) == "COMPLETED", logs()
+    _, jobs = sbatch_chain(slurm_cluster, tmp_path, sft, grpo)
+    assert slurm_cluster.wait(jobs[0], timeout=600, poll=2) == "COMPLETED", slurm_logs(tmp_path)
+    assert slurm_cluster.wait(jobs[1], timeout=600, poll=2) == "COMPLETED", slurm_logs(tmp_path)
     marker = json.loads((sft_dir / RUN_MARKER).read_text())
     assert marker["method"] == "sft" and marker["global_step"] == 4
     settings = read_settings(grpo_dir)

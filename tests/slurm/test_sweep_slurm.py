@@ -18,6 +18,7 @@ import subprocess
 
 from helpers.paths import MAXENT_GRPO, REPO
 from helpers.recipes import ONE_THREAD, small_recipe
+from helpers.runs import sbatch_chain, slurm_logs
 from maxent_grpo.rundir.events import read_events
 
 GRID = "learning_rate=[1e-3,2e-3]"  # merged with the recipe's sweep: section (seed, throttle)
@@ -150,20 +151,11 @@ def test_chain_runs_the_second_job_from_the_first_runs_model(slurm_cluster, tmp_
         init_from=str(first_dir),
         max_steps=2,
     )
-    env = {**slurm_cluster.env, "SBATCH_OUTPUT": f"{tmp_path}/slurm_%j.out"}
-    env["SBATCH_ERROR"] = f"{tmp_path}/slurm_%j.err"
-    command = [MAXENT_GRPO, "sbatch", "--config", str(first), "--chain", str(second)]
-    command += ["--gpus", "1", "--cpus-per-task", "2", "--mem", "2G", "--time", "10"]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    jobs = [line.split()[2].rstrip(":") for line in result.stdout.splitlines()]
-    assert len(jobs) == 2, result.stdout
+    env, jobs = sbatch_chain(slurm_cluster, tmp_path, first, second)
     rows = {r["run"]: r for r in runs_json(env, "--dir", str(tmp_path))}
     assert rows["second"]["state"] == "pending" and "(Dependency)" in rows["second"]["reason"]
 
-    assert slurm_cluster.wait(jobs[1], timeout=600, poll=2) == "COMPLETED", "\n".join(
-        p.read_text() for p in sorted(tmp_path.glob("slurm_*"))
-    )
+    assert slurm_cluster.wait(jobs[1], timeout=600, poll=2) == "COMPLETED", slurm_logs(tmp_path)
     (event,) = [e for e in read_events(second_dir) if e["event"] == "init_from"]
     assert event["path"] == str(first_dir)
     assert (second_dir / "model.safetensors").is_file()
