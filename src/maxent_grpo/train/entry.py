@@ -28,6 +28,7 @@ from maxent_grpo.errors import (
     exception_text,
 )
 from maxent_grpo.faults import failpoint
+from maxent_grpo.methods import RL_METHODS
 from maxent_grpo.recipe.needs import uses_wandb
 from maxent_grpo.rundir.checkpoints import (
     last_complete_checkpoint,
@@ -165,12 +166,12 @@ def _build_trainer(recipe, trainer_class):
 
     script_args, training_args, model_args = recipe.script, recipe.training, recipe.model
     dataset = load_datasets(script_args)
-    sft = recipe.method == "sft"  # no rewards, no reference model (train/sft_trainer.py)
-    if sft:
+    generates = recipe.method in RL_METHODS  # SFT: no rewards, no reference model
+    if not generates:
         from maxent_grpo.data.sft_rows import prompt_completion  # imports datasets
 
         dataset = {split: prompt_completion(rows) for split, rows in dataset.items()}
-    extra = {} if sft else _rewards_and_tools(recipe)
+    extra = _rewards_and_tools(recipe) if generates else {}
     tokenizer = load_tokenizer(model_args, training_args)
     training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
     # A text model uses every trainable parameter in each step, so DDP's search for unused
@@ -180,7 +181,7 @@ def _build_trainer(recipe, trainer_class):
         training_args.ddp_find_unused_parameters = False
     # load_datasets names the splits "train" and (when there is one) "test".
     eval_dataset = dataset.get("test") if training_args.eval_strategy != "no" else None
-    reference = nullcontext() if sft else reference_model(training_args, model_args)
+    reference = reference_model(training_args, model_args) if generates else nullcontext()
     with _refused_values(recipe), reference:
         return trainer_class(
             model=model_args.model_name_or_path,
