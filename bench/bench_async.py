@@ -26,10 +26,10 @@ pipeline does with one core each.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -95,38 +95,47 @@ def run_once(workdir: Path, name: str, base: Path, plan_for, keys: dict, process
     return {"wall_s": time.monotonic() - started, **summary(steps, per_step)}
 
 
+@contextlib.contextmanager
+def shared_server(workdir: Path, processes: int, base_keys: dict, base: Path = SMOKE_VLLM):
+    """One vLLM CPU server (the plan's command, its threads bound to SERVER_CORES) for every
+    run; yields plan_for(recipe) -> (training command, env) aimed at that server."""
+    from maxent_grpo.launch.plan import Environment, Ports, make_plan
+    from maxent_grpo.launch.processes import free_port
+    from maxent_grpo.launch.server import VLLMServer
+    from maxent_grpo.recipe import read_recipe
+
+    ports = Ports(vllm=free_port(), vllm_group=free_port(), main_process=free_port())
+    environment = Environment(python=PYTHON, cpu_processes=processes)
+
+    def plan_for(recipe: Path):
+        plan = make_plan(environment, read_recipe(["--config", str(recipe)]), ports)
+        return list(plan.train.command), dict(plan.train.env)
+
+    first = write_recipe(workdir / "server", base=base, **base_keys)
+    plan = make_plan(environment, read_recipe(["--config", str(first)]), ports)
+    server_env = child_env(VLLM_CPU_OMP_THREADS_BIND=SERVER_CORES)
+    server = VLLMServer(plan.server, workdir / "vllm.log", server_env).start()
+    try:
+        server.wait_until_healthy()
+        yield plan_for
+    finally:
+        server.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds per case")
     parser.add_argument("--processes", type=int, default=1, help="training processes")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from maxent_grpo.launch.plan import Environment, Ports, make_plan
-    from maxent_grpo.launch.processes import free_port
-    from maxent_grpo.launch.server import VLLMServer
-    from maxent_grpo.recipe import read_recipe
-
     workdir = Path(tempfile.mkdtemp(prefix="bench-async-"))
-    ports = Ports(vllm=free_port(), vllm_group=free_port(), main_process=free_port())
-    environment = Environment(python=PYTHON, cpu_processes=args.processes)
-
-    def plan_for(recipe: Path):
-        plan = make_plan(environment, read_recipe(["--config", str(recipe)]), ports)
-        return list(plan.train.command), dict(plan.train.env)
-
     # The smoke recipe's 8 completions a step (2 groups of 4), on any process count.
     per_device = 8 // args.processes
     base_keys = dict(
         max_steps=args.steps, save_strategy="no", per_device_train_batch_size=per_device
     )
-    first = write_recipe(workdir / "server", base=SMOKE_VLLM, **base_keys)
-    plan = make_plan(environment, read_recipe(["--config", str(first)]), ports)
-    server_env = child_env(VLLM_CPU_OMP_THREADS_BIND=SERVER_CORES)
-    server = VLLMServer(plan.server, workdir / "vllm.log", server_env).start()
     results: dict[str, dict] = {}
-    try:
-        server.wait_until_healthy()
+    with shared_server(workdir, args.processes, base_keys) as plan_for:
         warmup = {**base_keys, "max_steps": 4}
         run_once(workdir, "warmup", SMOKE_VLLM, plan_for, warmup, args.processes)
         for case, extra in CASES.items():
@@ -141,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"{case} {side}: {runs[side][-1]['median_step_s']:.3f} s/step", flush=True)
             results[case] = runs
-    finally:
-        server.stop()
     figures = []
     for case, runs in results.items():
         sync = statistics.median(r["median_step_s"] for r in runs["sync"])

@@ -1,0 +1,145 @@
+"""Does learning hold with async_generation? Sync against async, 3 seeds, reward per completion.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_async_learning.py [--steps 120] [--seeds 3]
+
+The CPU vLLM smoke recipe (recipes/smoke/config_grpo_vllm.yaml) on one vLLM CPU server shared
+by every run (bench_async.shared_server: server on core 0, the trainer on core 1), with the
+keys that make the tiny random model's reward rise within a few minutes (LEARNING below; see
+docs/performance.md for how they were chosen). Each seed runs both sides, the order alternated
+(sync, async for seed 0; async, sync for seed 1; ...). Every run starts from the same weights:
+the trainer pushes its own to the server before its first generation.
+
+Per run: the reward curve against the completions trained on (step x completions a step; an
+async run has generated one step more by then), the first and final windows' mean reward
+(`--window` steps each). Across seeds, per side: the mean of the final windows and their spread
+(max - min). The verdict needs the reward to have risen (sync's final window above its first by
+more than the seeds' spread); it holds when the async mean is at most the sync seeds' spread
+below the sync mean.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+
+from bench_async import run_once, shared_server
+from benchlib import SMOKE_VLLM, Measurement, bench_parser, figure, print_figures
+
+# A reward the random tiny model's completions spread in (a third of its tokens are single
+# non-ASCII bytes) and that it can climb; the smoke recipe's own mix (answer_match, format,
+# tag_count, length) stays flat on it: exact answers and tags never appear, and `length` is
+# relative to the group (0 on average however the lengths move).
+SPREAD = "target: the sync seeds' spread"
+LEARNING = dict(reward_funcs=["ascii_fraction"], reward_weights=[1.0], learning_rate=1.0e-3)
+
+
+def window_mean(curve: list[tuple[int, float]], first: bool, steps: int) -> float:
+    part = curve[:steps] if first else curve[-steps:]
+    return statistics.fmean(reward for _, reward in part)
+
+
+def learning_run(workdir: Path, name: str, plan_for, keys: dict, window: int) -> dict:
+    run = run_once(workdir, name, SMOKE_VLLM, plan_for, keys, processes=1)
+    curve = run["reward_per_completions"]
+    return {
+        "seed": keys["seed"],
+        "wall_s": run["wall_s"],
+        "median_step_s": run["median_step_s"],
+        "staleness_max": run["staleness_max"],
+        "first": window_mean(curve, True, window),
+        "final": window_mean(curve, False, window),
+        "run_mean": window_mean(curve, True, len(curve)),
+        "curve": curve,
+    }
+
+
+def binned(runs: list[dict], width: int) -> list[tuple[int, float]]:
+    """The seeds' mean reward per `width` steps: (completions at the bin's end, mean)."""
+    n = min(len(r["curve"]) for r in runs)
+    out = []
+    for end in range(width, n + 1, width):
+        values = [reward for r in runs for _, reward in r["curve"][end - width : end]]
+        out.append((runs[0]["curve"][end - 1][0], statistics.fmean(values)))
+    return out
+
+
+def compare(runs: dict[str, list[dict]], measure: str) -> tuple[list[dict], bool]:
+    """Figures of one measure across seeds; whether async is within the sync seeds' spread."""
+    values = {side: [r[measure] for r in rs] for side, rs in runs.items()}
+    mean = {side: statistics.fmean(v) for side, v in values.items()}
+    spread = {side: max(v) - min(v) for side, v in values.items()}
+    gap = mean["sync"] - mean["async"]
+    figures = [figure(f"{measure}: {s} mean of seeds", mean[s], "reward") for s in runs]
+    figures += [figure(f"{measure}: {s} spread (max - min)", spread[s], "reward") for s in runs]
+    figures += [
+        figure(f"{measure}: async / sync", mean["async"] / mean["sync"], "x", is_ratio=True),
+        figure(f"{measure}: sync - async", gap, "reward", target=spread["sync"], note=SPREAD),
+    ]
+    return figures, gap <= spread["sync"]
+
+
+def verdict_figures(runs: dict[str, list[dict]]) -> tuple[list[dict], str]:
+    """The final window (the verdict) and the whole run's mean reward (the curve's area)."""
+    final, held = compare(runs, "final")
+    whole, whole_held = compare(runs, "run_mean")
+    first = statistics.fmean(r["first"] for r in runs["sync"])
+    sync_final = [r["final"] for r in runs["sync"]]
+    rise, spread = statistics.fmean(sync_final) - first, max(sync_final) - min(sync_final)
+    figures = [figure("sync: rise, final window - first window", rise, "reward"), *final, *whole]
+    if rise <= spread:
+        return (
+            figures,
+            f"no verdict: the reward did not rise (sync {rise:+.4f}, spread {spread:.4f})",
+        )
+    mean = {s: statistics.fmean(r["final"] for r in rs) for s, rs in runs.items()}
+    return figures, (
+        f"learning {'holds' if held else 'does NOT hold'}: final-window reward async "
+        f"{mean['async']:.4f} vs sync {mean['sync']:.4f}, sync seeds' spread {spread:.4f}, "
+        f"sync rose {rise:+.4f}; whole-run mean {'within' if whole_held else 'NOT within'} "
+        "the sync seeds' spread"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--window", type=int, default=20, help="steps in the first/final window")
+    parser.add_argument("--sides", default="sync,async", help="comma-separated: sync,async")
+    parser.add_argument("--learning-rate", type=float, default=LEARNING["learning_rate"])
+    args = parser.parse_args(argv)
+    sides = args.sides.split(",")
+    measurement = Measurement("async_learning", args.output)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-async-learning-"))
+    keys = dict(
+        LEARNING, learning_rate=args.learning_rate, max_steps=args.steps, save_strategy="no"
+    )
+    keys["per_device_train_batch_size"] = 8  # the smoke recipe's 8 completions, 1 process
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    with shared_server(workdir, 1, keys) as plan_for:
+        for seed in range(args.seeds):
+            for side in sides if seed % 2 == 0 else sides[::-1]:
+                run_keys = {**keys, "seed": seed, "async_generation": side == "async"}
+                run = learning_run(workdir, f"{side}-{seed}", plan_for, run_keys, args.window)
+                runs[side].append(run)
+                print(
+                    f"seed {seed} {side}: reward first {run['first']:.4f} final "
+                    f"{run['final']:.4f}, {run['median_step_s']:.3f} s/step, "
+                    f"{run['wall_s']:.0f} s",
+                    flush=True,
+                )
+    curves = {side: binned(rs, args.window // 2) for side, rs in runs.items()}
+    for side, curve in curves.items():
+        shown = ", ".join(f"{c}: {r:.3f}" for c, r in curve)
+        print(f"{side} reward per completions trained on (mean of seeds): {shown}", flush=True)
+    figures, line = verdict_figures(runs) if set(sides) == {"sync", "async"} else ([], "")
+    print_figures(figures)
+    print(line, flush=True)
+    settings = {**keys, "seeds": args.seeds, "window": args.window, "sides": sides}
+    measurement.finish(figures, settings, verdict=line, curves=curves, runs=runs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
