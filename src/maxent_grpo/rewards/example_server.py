@@ -37,6 +37,18 @@ def make_server(port: int = 0, scorer: Scorer = digit_share, host: str = "127.0.
                 answer, code = {"rewards": list(scorer(body))}, 200
             except (ValueError, KeyError, TypeError) as exc:
                 answer, code = {"error": f"{type(exc).__name__}: {exc}"}, 400
+            except Exception as exc:  # noqa: BLE001 - the scorer failed: 5xx, which is retried
+                answer, code = {"error": f"{type(exc).__name__}: {exc}"}, 500
+            self._answer(answer, code)
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            # The launcher's start-up wait for a reward-model server (model_server.py).
+            if self.path.rstrip("/") == "/health":
+                self._answer({"status": "ok"}, 200)
+            else:
+                self._answer({"error": f"no GET {self.path}; POST to score"}, 404)
+
+        def _answer(self, answer: dict[str, Any], code: int) -> None:
             data = json.dumps(answer).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")

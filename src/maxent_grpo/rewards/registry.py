@@ -252,7 +252,8 @@ def get_reward_funcs(names: Sequence[str], **settings: Any) -> list[RewardFunc |
     ``module:function`` spec: the module is imported (a module on ``sys.path``, in
     the working directory, or a ``path/to/file.py``) and the attribute returned
     as is. ``http(s)://...`` is a reward server (remote.RemoteReward) and
-    ``model:<hub id or path>`` a reward model, returned as the name TRL loads.
+    ``model:<hub id or path>`` a reward model, returned as the name TRL loads (or, when
+    the launcher serves it, REWARD_MODEL_VARIABLE set: a RemoteReward to its server).
     ``settings`` override ``REWARD_SETTINGS`` for the parametrised built-ins
     (``soft_overlong_punishment``, ``repetition_penalty``) and the reward servers.
 
@@ -271,6 +272,12 @@ def get_reward_funcs(names: Sequence[str], **settings: Any) -> list[RewardFunc |
         if remote.is_server(name):
             timeout = resolved["reward_server_timeout_seconds"]
             funcs.append(remote.RemoteReward(name, timeout, resolved["reward_server_retries"]))
+        elif name.startswith(remote.MODEL_PREFIX) and os.environ.get(remote.REWARD_MODEL_VARIABLE):
+            # reward_model_gpus: the launcher serves the model; score through its server.
+            url = os.environ[remote.REWARD_MODEL_VARIABLE]
+            timeout = resolved["reward_server_timeout_seconds"]
+            retries = resolved["reward_server_retries"]
+            funcs.append(remote.served_reward_model(name, url, timeout, retries))
         elif name.startswith(remote.MODEL_PREFIX):
             funcs.append(remote.reward_model_name(name))  # a name TRL loads; not a callable
         elif name in _REGISTRY:

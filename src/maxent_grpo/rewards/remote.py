@@ -7,10 +7,14 @@ line (the launcher's class `crash`, which a requeue may retry) instead of hangin
 every sample None. The guard (guard.py) lets it through: retrying sample by sample cannot
 bring a server back.
 
-A reward model is a sequence-classification model with one label, loaded and scored inside
-the trainer by TRL itself (a `reward_funcs` entry that is a model name or path; TRL puts it
-on the trainer's devices and scores prompt + completion with its own tokenizer). Here it is
-only checked: the shape of the name, and for a local path, that it holds a one-label model.
+A reward model is a sequence-classification model with one label. By default it is loaded
+and scored inside the trainer by TRL itself (a `reward_funcs` entry that is a model name or
+path; TRL puts it on the trainer's devices and scores prompt + completion with its own
+tokenizer). With reward_model_gpus the launcher serves it on GPUs of its own
+(model_server.py) and puts the server's URL in the trainers' environment
+(REWARD_MODEL_VARIABLE): the entry then becomes a RemoteReward to that URL, named as TRL names
+the model. Here a `model:` entry is checked: the shape of the name, and for a local path, that
+it holds a one-label model.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ MODEL_PREFIX = "model:"
 _NOT_SENT = frozenset(
     {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
 )
+# reward_model_gpus > 0: the reward-model server's /score URL, set by the launcher's plan in
+# the trainers' environment (launch/plan/reward_model.py); unset: TRL scores in the trainer.
+REWARD_MODEL_VARIABLE = "MAXENT_GRPO_REWARD_MODEL_URL"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 BACKOFF_S = 0.5  # first pause between tries; doubles, at most MAX_BACKOFF_S
 MAX_BACKOFF_S = 5.0
@@ -112,11 +119,11 @@ class RemoteReward:
 
     bounds_itself = True
 
-    def __init__(self, url: str, timeout: float, retries: int):
+    def __init__(self, url: str, timeout: float, retries: int, name: str | None = None):
         check_server_url(url)
         self.url, self.timeout, self.tries = url, float(timeout), int(retries) + 1
         parts = urlsplit(url)
-        self.__name__ = re.sub(r"\W+", "_", f"server_{parts.netloc}{parts.path}").strip("_")
+        self.__name__ = name or re.sub(r"\W+", "_", f"server_{parts.netloc}{parts.path}").strip("_")
 
     @property
     def bound_s(self) -> float:
@@ -214,3 +221,14 @@ def reward_model_name(spec: str) -> str:
             "has one (a sequence-classification model saved with num_labels=1)"
         )
     return str(path)
+
+
+def model_metric_name(model: str) -> str:
+    """The name TRL gives a reward model's metrics (rewards/<name>/mean): the last part of its
+    name or path; a served model keeps it, so both placements log the same keys."""
+    return model.rstrip("/").split("/")[-1]
+
+
+def served_reward_model(spec: str, url: str, timeout: float, retries: int) -> RemoteReward:
+    """A `model:` entry scored by the reward-model server at `url` (reward_model_gpus)."""
+    return RemoteReward(url, timeout, retries, name=model_metric_name(reward_model_name(spec)))

@@ -23,10 +23,12 @@ from maxent_grpo.launch.plan.model import (
     Plan,
     PlanError,
     Ports,
+    RewardModelPlan,
     ServerPlan,
     TrainPlan,
     parse_visible_devices,
 )
+from maxent_grpo.launch.plan.reward_model import split_reward_model, with_reward_model
 from maxent_grpo.launch.plan.server import (
     cpu_server,
     default_data_parallel_size,
@@ -42,6 +44,7 @@ __all__ = [
     "Plan",
     "PlanError",
     "Ports",
+    "RewardModelPlan",
     "SERVERS_VARIABLE",
     "ServerPlan",
     "TrainPlan",
@@ -64,11 +67,14 @@ def make_plan(env: Environment, recipe: RecipeKeys, ports: Ports = DEFAULT_PORTS
       GPUs. Several nodes: training gets every GPU of the other nodes.
     - Server on CPU (vllm_server_device: cpu, vLLM's CPU build): the server takes no GPU and
       training gets everything, as without a server. Weight sync must be `disk`.
+    - reward_model_gpus: N > 0: a reward-model server takes the last N GPUs (one node; on
+      CPU without GPUs) and the rules above split the others (plan/reward_model.py).
     """
+    env, reward_model = split_reward_model(env, recipe, ports)
     if recipe.method not in RL_METHODS:  # SFT generates nothing: no server, every GPU trains
         plan = train_everywhere(env, recipe, ports, server=None)
         return dataclasses.replace(plan, idle=idle_gpus(env, plan, recipe, 1))
-    plan = _make_plan(env, recipe, ports)
+    plan = with_reward_model(_make_plan(env, recipe, ports), reward_model)
     default_dp, _why = default_data_parallel_size(recipe, len(env.gpus), len(env.nodes))
     return dataclasses.replace(plan, idle=idle_gpus(env, plan, recipe, default_dp))
 

@@ -36,6 +36,7 @@ class Ports:
     vllm: int = 8000
     vllm_group: int = 51216
     main_process: int = 29500
+    reward_model: int = 8001  # the reward-model server (reward_model_gpus)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,38 @@ class ServerPlan:
 
 
 @dataclass(frozen=True)
+class RewardModelPlan:
+    """The reward-model server (reward_model_gpus): rewards/model_server.py on its GPUs."""
+
+    node: str
+    gpus: tuple[str, ...]  # empty: on CPU (no GPU in the allocation)
+    port: int
+    model: str  # the recipe's model: entry, without the prefix
+    command: tuple[str, ...]
+    env: dict[str, str]
+    timeout: float  # seconds to wait for /health (vllm_server_timeout)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.node}:{self.port}/score"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://{self.node}:{self.port}/health"
+
+    def describe(self) -> list[str]:
+        where = f"GPUs {','.join(self.gpus)}, a model copy each" if self.gpus else "CPU"
+        return [
+            f"reward model server: node {self.node}, {where} (reward_model_gpus), "
+            f"port {self.port}, model {self.model}",
+            f"  health: {self.health_url} (timeout {self.timeout:g}s: vllm_server_timeout)",
+            f"  trainers score model:{self.model} through {self.url}",
+            "  env: " + _format_env(self.env),
+            "  command: " + shlex.join(self.command),
+        ]
+
+
+@dataclass(frozen=True)
 class TrainPlan:
     nodes: tuple[str, ...]
     gpus: tuple[str, ...]  # per node
@@ -82,6 +115,7 @@ class Plan:
     idle: tuple[str, ...] = ()
     # vllm_nodes > 1: the servers of the other serving nodes (`server` is the first node's)
     more_servers: tuple[ServerPlan, ...] = ()
+    reward_model: RewardModelPlan | None = None  # reward_model_gpus > 0
 
     @property
     def servers(self) -> tuple[ServerPlan, ...]:
@@ -98,6 +132,8 @@ class Plan:
             lines.append(f"vllm server: external, {self.external_server} (not started here)")
         elif self.server is None:
             lines.append("vllm server: none")
+        if self.reward_model is not None:
+            lines += self.reward_model.describe()
         t = self.train
         gpus = ",".join(t.gpus) if t.gpus else "none (CPU)"
         lines += [

@@ -1,0 +1,97 @@
+"""The reward-model server of a run (reward_model_gpus): started, waited for, always stopped.
+
+Started before the trainers and waited for (/health 200 within vllm_server_timeout, the
+process alive), so the trainers' first scoring finds it up: their reward-server client retries
+only within reward_server_retries, far less than a model's load. A server that exits or does
+not answer in time stops the attempt with one line and the end of its log, before any trainer
+starts. It is stopped with the rest of the run (Attempt.abort); if it dies mid-run the
+trainers' next scoring raises RewardServerDown after its bounded retries.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from maxent_grpo.launch.plan import RewardModelPlan
+from maxent_grpo.launch.processes import Child
+from maxent_grpo.vllm_health import ServerError, ServerWaitCancelled, probe
+
+POLL_SECONDS = 0.5
+
+
+def _tail(child: Child) -> str:
+    lines = child.log_tail(15).strip("\n").splitlines() or ["(the log is empty)"]
+    return "\n" + "\n".join("    " + line for line in lines)
+
+
+class RewardModelServer:
+    """The server process of a RewardModelPlan: `start()`, `wait_until_healthy()`, `stop()`."""
+
+    def __init__(self, plan: RewardModelPlan, log_path: Path, environ: Mapping[str, str]):
+        self.plan, self.log_path = plan, Path(log_path)
+        self.env = {**environ, **plan.env, "PYTHONUNBUFFERED": "1"}
+        self.child: Child | None = None
+
+    def start(self) -> RewardModelServer:
+        self.child = Child("reward_model", self.plan.command, self.log_path, env=self.env)
+        print(f"reward model server starting (pid {self.child.pid}); log: {self.log_path}")
+        return self
+
+    def wait_until_healthy(
+        self,
+        cancelled: Callable[[], int | None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> float:
+        """Seconds until /health answered 200; ServerError when the process exits first or
+        `timeout` passes, ServerWaitCancelled when `cancelled()` gives a signal number."""
+        assert self.child is not None
+        start, plan = clock(), self.plan
+        while True:
+            if signum := cancelled():
+                raise ServerWaitCancelled(signum)
+            code = self.child.poll()
+            if code is not None:
+                raise ServerError(
+                    f"reward model server exited with code {code} before it answered "
+                    f"{plan.health_url}; last lines of {self.log_path}:" + _tail(self.child)
+                )
+            if probe(plan.health_url, timeout=2.0) == 200:
+                took = clock() - start
+                print(f"reward model server healthy after {took:.1f}s at {plan.url}", flush=True)
+                return took
+            if clock() - start > plan.timeout:
+                raise ServerError(
+                    f"reward model server not healthy after {plan.timeout:g}s "
+                    f"(vllm_server_timeout) at {plan.health_url}; a big model may need a "
+                    f"larger vllm_server_timeout, otherwise see {self.log_path}:"
+                    + _tail(self.child)
+                )
+            time.sleep(POLL_SECONDS)
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        if self.child is None:
+            return None
+        running = self.child.poll() is None
+        code = self.child.stop(grace=grace)
+        if running:
+            print("reward model server stopped", flush=True)
+        return code
+
+
+def start_reward_server(
+    plan: RewardModelPlan,
+    log_path: Path,
+    environ: Mapping[str, str] = os.environ,
+    cancelled: Callable[[], int | None] = lambda: None,
+) -> RewardModelServer:
+    """Start the server and wait for it; stopped again if the wait fails."""
+    server = RewardModelServer(plan, log_path, environ).start()
+    try:
+        server.wait_until_healthy(cancelled)
+    except BaseException:
+        server.stop(grace=2)
+        raise
+    return server
