@@ -98,3 +98,92 @@ def test_async_generation_is_accepted_with_a_server_and_the_correction():
 def test_async_generation_refuses_what_it_cannot_do_in_one_line(keys, line):
     with pytest.raises(ConfigError, match=line):
         grpo_config(**keys)
+
+
+class StandIn:
+    """A server for the pool, in-process: each completion is [its weights' version, the
+    prompt's first token], so a test sees which weights made it."""
+
+    def __init__(self, url: str):
+        import requests
+
+        self.base_url, self.session, self.weights, self.down = url, requests.Session(), 0, False
+
+    def generate(self, prompts, features=None, n=1, **params):
+        import requests
+
+        if self.down:
+            raise requests.ConnectionError("connection refused")
+        time.sleep(0.01)  # a request takes time: both servers get chunks
+        ids = [[self.weights, p[0]] for p in prompts for _ in range(n)]
+        return {"prompt_ids": prompts, "completion_ids": ids, "logprobs": None}
+
+    def push(self, version: int) -> None:
+        import requests
+
+        if self.down:
+            raise requests.ConnectionError("connection refused")
+        self.weights = version
+
+
+def test_each_sample_is_as_old_as_the_server_that_made_it(monkeypatch):
+    from maxent_grpo.train import server_pool
+    from maxent_grpo.train.async_generation import sample_staleness
+
+    a, b = StandIn("http://a"), StandIn("http://b")
+    pool = server_pool.ServerPool([a, b], timeout=5)
+
+    def push(version: int) -> None:  # what a weight sync, then the async mixin, do
+        pool.each(lambda client: client.push(version), "push")
+        pool.mark_synced(version)
+
+    def answer_versions() -> tuple[list, list]:
+        answer = pool.generate([[p] for p in range(8)], n=2)
+        made = [ids[0] for ids in answer["completion_ids"]]
+        return [v for v in answer["policy_versions"] for _ in range(2)], made
+
+    push(1)
+    assert answer_versions() == ([1] * 16, [1] * 16)
+    b.down = True  # lost at the next push: it holds no known version any more
+    push(2)
+    assert pool.versions == [2, None]
+    assert answer_versions() == ([2] * 16, [2] * 16)
+    b.down, b.weights = False, 0  # restarted with the base model: back only with the weights
+    monkeypatch.setattr(server_pool, "probe", lambda url, timeout: 200)
+    push(3)
+    versions, made = answer_versions()
+    assert versions == made == [3] * 16 and pool.prompts_served[1] > 0
+
+    # Staleness is each sample's own: here one server was a push behind the other.
+    item = Pending(6, [[1]], [[1]] * 4, version=4)
+    assert sample_staleness(item, ([], None, [4, 4, 3, 3]), trained=5) == [1, 1, 2, 2]
+    assert sample_staleness(item, ([], None, None), trained=5) == [1]  # one server: its push
+
+
+def test_with_rollouts_the_next_request_asks_for_what_the_next_first_round_draws():
+    """Over-sampling (train/rollout_mixin.py): the next step's first round generates for its
+    own rows plus extra prompts from a seeded stream; read ahead, the stream must stay where
+    it was, and nothing is asked when carried-over groups already fill the step."""
+    from types import SimpleNamespace
+
+    from maxent_grpo.train.async_generation import AsyncGenerationMixin
+    from maxent_grpo.train.rollout_mixin import RolloutMixin
+
+    class Trainer(AsyncGenerationMixin):
+        _reserve_rows = RolloutMixin._reserve_rows
+        _max_over_processes = RolloutMixin._max_over_processes
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.args = SimpleNamespace(oversample_factor=1.5, seed=3)
+    trainer.accelerator = SimpleNamespace(num_processes=1, process_index=0)
+    trainer.train_dataset = [{"prompt": f"extra {i}"} for i in range(10)]
+    trainer.num_generations, trainer._carried = 2, []
+    trainer._reserve_position, trainer._reserve_order = 4, (-1, [])
+    rows = [{"prompt": p} for p in ("a", "a", "b", "b")]  # 2 groups: the first round has 3
+
+    ahead = trainer._first_round_rows(rows)
+    assert trainer._reserve_position == 4
+    drawn = trainer._reserve_rows(1)  # what the step's first round then draws
+    assert ahead == rows + drawn and len(drawn) == 2 and drawn[0] == drawn[1]
+    trainer._carried = ["group", "group"]  # the step is full without a round: nothing asked
+    assert trainer._first_round_rows(rows) is None

@@ -1,13 +1,17 @@
-"""async_generation against a real vLLM server (CPU build): the server generates the next
-step's completions while the trainers train, a stop saves the completions in flight, and the
-resumed run trains its first step on them.
+"""async_generation against a real vLLM server (CPU build), with LoRA sync and over-sampling:
+the server generates the next step's completions while the trainers train, a stop saves the
+completions in flight, and the resumed run trains its first step on them.
 
-One server (started as the launcher starts it: plan.make_plan -> server.VLLMServer) serves
-three attempts on 2 CPU processes: a run stopped at step 3 (the stop file, as a time limit
-does), its resume to step 5, and a resume from a copy of the checkpoint without the saved
-completions. Server sampling is not seeded (a per-request seed stops vLLM's CPU engine), so
-steps after the first resumed one differ between runs; the first resumed one must train on the
-saved completions, which is what an uninterrupted run trains on at that step.
+One server (started as the launcher starts it: plan.make_plan -> server.VLLMServer, with
+runtime LoRA) serves three attempts on 2 CPU processes: a run stopped at step 4 (the stop
+file, as a time limit does), its resume to step 7, and a resume from a copy of the checkpoint
+without the saved completions. Only the adapter goes to the server (`vllm_weight_sync: lora`).
+`oversample_factor: 1.5` with 2 groups a process: each first round generates 3 groups, the
+surplus is carried over, and every third step is filled by carried groups alone (steps 3 and
+6: no generation). The next request is sent once the step's rounds are decided, for the next
+first round's own and extra prompts, so every step that generates (after the first) trains on
+completions made ahead. That the resumed steps equal an uninterrupted run's, with seeded
+sampling, is tests/slurm/test_async_preemption.py.
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ from maxent_grpo.train.state import STATE_FILE
 pytestmark = pytest.mark.vllm
 
 STOP = "tests.helpers.stop_rewards:stop_at_step"
+STEPS, STOP_AT = 7, 4
+LORA = dict(
+    use_peft=True,
+    lora_r=8,
+    lora_alpha=16,
+    lora_target_modules="all-linear",
+    lora_dropout=0.0,
+    vllm_weight_sync="lora",
+)
 
 
 def step_metrics(output_dir) -> dict[int, dict]:
@@ -56,20 +69,25 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(tmp_p
         reward_funcs=["answer_match", "format", "tag_count", "length", STOP],
         reward_weights=[1.0, 0.5, 0.5, 0.5, 0.0],
         max_completion_length=16,
-        max_steps=5,
+        max_steps=STEPS,
         save_steps=1000,  # the only checkpoint before the end is the stop's
+        per_device_train_batch_size=8,  # 2 groups a process
+        oversample_factor=1.5,
+        **LORA,
     )
     ports = Ports(vllm=free_port(), vllm_group=free_port(), main_process=free_port())
     plan = make_plan(
         Environment(python=sys.executable), read_recipe(["--config", str(recipe)]), ports
     )
+    assert "--enable-lora" in plan.server.command
     out = part / "out"
     server = VLLMServer(plan.server, tmp_path / "logs" / "vllm.log", child_env()).start()
     try:
         server.wait_until_healthy()
-        env = dict(plan.train.env, MAXENT_GRPO_TEST_STOP_AT="3", MAXENT_GRPO_TEST_STOP_DIR=str(out))
+        stop = dict(MAXENT_GRPO_TEST_STOP_AT=str(STOP_AT), MAXENT_GRPO_TEST_STOP_DIR=str(out))
+        env = dict(plan.train.env, **stop)
         first = run(list(plan.train.command), timeout=900, **env)
-        assert last_complete_checkpoint(out) == out / "checkpoint-3", (
+        assert last_complete_checkpoint(out) == out / f"checkpoint-{STOP_AT}", (
             first.stdout[-4000:] + first.stderr[-2000:]
         )
         clear_stop_request(out)  # what the launcher does before the next attempt
@@ -78,8 +96,8 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(tmp_p
         second = run(list(plan.train.command), timeout=900, **env)
         assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-2000:]
 
-        # The same checkpoint without the saved completions: its step 4 generates afresh.
-        for path in (tampered / "out" / "checkpoint-3").glob("registered_state-*.pt"):
+        # The same checkpoint without the saved completions: its step 5 generates afresh.
+        for path in (tampered / "out" / f"checkpoint-{STOP_AT}").glob("registered_state-*.pt"):
             saved = torch.load(path, weights_only=True)
             saved["pieces"]["async_generation"] = {"step": -1}
             torch.save(saved, path)
@@ -95,33 +113,42 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(tmp_p
     print(f"\nMEASURED async generation, 3 attempts on 1 vLLM CPU server: {took:.0f}s")
     assert not left, left
 
-    # No step lost: the resumed attempt ran exactly steps 4 and 5.
+    # No step lost: the resumed attempt ran exactly steps 5 to 7.
     log = second.stdout + second.stderr
-    assert_resumed_from(out, before, checkpoint=3, max_steps=5, log=log)
-    assert "async_generation: resumed with step 4's completions" in log
+    assert_resumed_from(out, before, checkpoint=STOP_AT, max_steps=STEPS, log=log)
+    assert f"async_generation: resumed with step {STOP_AT + 1}'s completions" in log
     steps = step_metrics(out)
-    shown = ("async/prefetched", "async/staleness_max", "async/wait_s", "time/server_busy")
+    shown = ("rollouts/rounds", "async/prefetched", "async/staleness_max", "async/wait_s")
     print("MEASURED per step:", {s: {k: m.get(k) for k in shown} for s, m in steps.items()})
-    # Step 1 has nothing generated ahead; every later step trains on completions the server
-    # made while the step before trained, one policy version old.
+    # Step 1 has nothing generated ahead; every later step that generates trains on
+    # completions the server made ahead, one policy version old, first round included (3
+    # groups a process: its own 2 and 1 extra). Steps 3 and 6 are filled by carried groups.
+    rounds = {s: m["rollouts/rounds"] for s, m in steps.items()}
+    assert rounds == {1: 1, 2: 1, 3: 0, 4: 1, 5: 1, 6: 0, 7: 1}, rounds
     assert steps[1]["async/prefetched"] == 0.0
-    for step in (2, 3, 4, 5):
+    for step in (2, 4, 5, 7):
         assert steps[step]["async/prefetched"] == 1.0, step
         assert steps[step]["async/staleness_max"] == 1.0, step
+        assert steps[step]["rollouts/groups_generated"] == 6.0, step
+    assert all("async/prefetched" not in steps[s] for s in (3, 6))
+    # Only the adapter went to the server: a few KB, not the model.
+    sent = [m["vllm/weight_sync_bytes"] for m in steps.values() if "vllm/weight_sync_bytes" in m]
+    assert sent and all(0 < size < 200_000 for size in sent), sent
 
-    # The stop saved step 4's completions (made from the weights of step 2) in the checkpoint,
-    # and the resumed step 4 trained on exactly those.
-    files = sorted((out / "checkpoint-3").glob(STATE_FILE.format("*")))
+    # The stop saved step 5's completions (made from the weights of step 3) in the checkpoint,
+    # and the resumed step 5 trained on exactly those.
+    files = sorted((out / f"checkpoint-{STOP_AT}").glob(STATE_FILE.format("*")))
     assert len(files) == 2
     pieces = [torch.load(f, weights_only=True)["pieces"]["async_generation"] for f in files]
     main = next(p for p in pieces if p["payload"] is not None)
-    assert (main["step"], main["version"]) == (4, 2)
-    completion_ids, _ = main["payload"]
+    assert (main["step"], main["version"]) == (STOP_AT + 1, STOP_AT - 1)
+    completion_ids = main["payload"][0]
+    assert len(completion_ids) == 2 * 3 * 4  # 2 processes x 3 groups x 4 completions
     mean_length = sum(len(ids) for ids in completion_ids) / len(completion_ids)
-    assert steps[4]["completions/mean_length"] == pytest.approx(mean_length)
+    assert steps[STOP_AT + 1]["completions/mean_length"] == pytest.approx(mean_length)
 
-    # Without them, step 4 generated afresh (nothing prefetched), and the run went on.
-    assert_resumed_from(tampered / "out", tampered_before, checkpoint=3, max_steps=5)
+    # Without them, step 5 generated afresh (nothing prefetched), and the run went on.
+    assert_resumed_from(tampered / "out", tampered_before, checkpoint=STOP_AT, max_steps=STEPS)
     changed = step_metrics(tampered / "out")
-    assert changed[4]["async/prefetched"] == 0.0
-    assert changed[5]["async/prefetched"] == 1.0
+    assert changed[STOP_AT + 1]["async/prefetched"] == 0.0
+    assert changed[STEPS]["async/prefetched"] == 1.0

@@ -16,11 +16,19 @@ The pipeline, one step deep, with every collective on the main thread:
   train step k. Only it talks to the server between syncs; a sync never overlaps a request,
   so every completion comes from one known policy version.
 
+With rollout rounds or over-sampling (train/rollout_mixin.py), a step's first round asks for
+its own prompts plus extra ones, or for nothing when carried-over groups fill the step: only
+known once the step before has filtered. So there the next request is sent after the step's
+rollout decision (`_prepare_inputs`, before its training), for exactly the prompts the next
+step's first round will draw (`_first_round_rows`); it overlaps the training, not the scoring.
+
 A sample is `staleness` = (policy version trained) - (version that generated it) steps old:
-1 here (k-1 steps done at step k, generated from k-2), up to `vllm_sync_interval_steps`.
-Older than `max_staleness`, it is dropped (counted) and the step generates afresh. A step
-whose prompts have no completions waiting (the first step, the first of an epoch, a round
-other than the first, a prompt set the rollout rounds changed) generates synchronously.
+1 here (k-1 steps done at step k, generated from k-2), up to `vllm_sync_interval_steps`. With
+several servers (train/server_pool.py) the version is that of the server that made the sample.
+When a sample is older than `max_staleness`, the step's samples are dropped (counted) and
+the step generates afresh. A step whose prompts have no completions waiting (the first step, the
+first of an epoch, a round other than the first, a prompt set the rollout rounds changed)
+generates synchronously.
 
 The completions waiting for the next step are registered trainer state (`async_generation`,
 train/state.py): a checkpoint waits for them (bounded) and saves them with their policy
@@ -35,6 +43,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from maxent_grpo.train.rollouts import round_sizes
+from maxent_grpo.train.server_pool import ServerPool
 from maxent_grpo.train.state import state_registry
 
 logger = logging.getLogger(__name__)
@@ -53,7 +63,8 @@ class Pending:
     prompt_ids: list[list[int]]  # this process's prompts, as TRL tokenizes them
     all_prompt_ids: list[list[int]] | None  # every process's (main process only)
     version: int = -1  # optimizer steps in the weights that generated it
-    payload: tuple | None = None  # (completion_ids, logprobs) of all processes
+    # (completion_ids, logprobs, each completion's policy version or None) of all processes
+    payload: tuple | None = None
     error: BaseException | None = None
     started: float = 0.0
     finished: float = 0.0
@@ -115,6 +126,16 @@ class GenerationWorker:
             item.done.set()
 
 
+def sample_staleness(item: Pending, payload: tuple | None, trained: int) -> list[int]:
+    """Each sample's staleness: `trained` (the policy version training on it) minus the
+    version of the server that made it (payload's third part, from a ServerPool), or of the
+    weights pushed before the request (item.version) where the server's is not known."""
+    versions = payload[2] if payload is not None and len(payload) > 2 else None
+    if not versions:
+        return [trained - item.version]
+    return [trained - (item.version if v is None else v) for v in versions]
+
+
 def busy_seconds(intervals: list[tuple[float, float]], start: float, end: float) -> float:
     """Seconds of [start, end] covered by the (non-overlapping, ordered) intervals."""
     return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
@@ -131,6 +152,7 @@ class AsyncGenerationMixin:
         )
         self._ahead = None  # (epoch iterator, batches, num_items) of the next step
         self._next: Pending | None = None  # the next step's prompts, gathered, not yet sent
+        self._next_rows: list[dict] | None = None  # with rollouts: sent after the rounds
         self._pending: Pending | None = None  # the next step's generation, sent or restored
         self._worker: GenerationWorker | None = None
         self._consumed_at: float | None = None
@@ -139,6 +161,13 @@ class AsyncGenerationMixin:
             state_registry(self).register(
                 "async_generation", self._async_state, self._load_async_state, per_process=True
             )
+
+    @property
+    def _after_rounds(self) -> bool:
+        """Rollout rounds or over-sampling: the next request waits for the step's rounds.
+        Read when used: RolloutMixin (before this mixin) sets `_rollouts_on` after our
+        __init__ has run."""
+        return self._async_on and getattr(self, "_rollouts_on", False)
 
     # ---- the next step's prompts ----------------------------------------------------------
 
@@ -153,9 +182,37 @@ class AsyncGenerationMixin:
             current = super().get_batch_samples(epoch_iterator, num_batches, device)
         batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
         self._ahead = (epoch_iterator, batches, items)
+        if self._after_rounds:  # sent once this step's rounds are decided (_prepare_inputs)
+            self._next_rows = batches[0] if batches else None
+            return current
         # Every rank calls this at the same point: the gather inside is a collective.
         self._next = self._gathered(self.state.global_step + 2, batches[0]) if batches else None
         return current
+
+    def _prepare_inputs(self, generation_batch):
+        inputs = super()._prepare_inputs(generation_batch)
+        if self._next_rows is not None and self.model.training:  # every rank, in step
+            rows, self._next_rows = self._next_rows, None
+            first = self._first_round_rows(rows)
+            if first is not None:
+                self._sync_weights_once()  # a step without a round has not pushed yet
+                self._next = self._gathered(self.state.global_step + 2, first)
+                self._send_next()
+        return inputs
+
+    def _first_round_rows(self, rows: list[dict]) -> list[dict] | None:
+        """The rows the next step's first round will generate for (RolloutMixin's rule): None
+        when the groups carried over fill it on every process; else its own rows and the
+        extra prompts it will draw, read ahead (the extra-prompt stream's position is put
+        back, so the next step draws the same ones)."""
+        need = len(rows) // self.num_generations
+        if self._max_over_processes(need - len(self._carried)) <= 0:
+            return None
+        first, _ = round_sizes(need, self.args.oversample_factor)
+        position = self._reserve_position
+        extra = self._reserve_rows(first - need)
+        self._reserve_position = position
+        return list(rows) + extra
 
     def _gathered(self, step: int, rows: list[dict]) -> Pending:
         from accelerate.utils import gather_object
@@ -205,8 +262,8 @@ class AsyncGenerationMixin:
     def _decide(self, item: Pending | None, prompt_ids, payload, waited: float) -> dict:
         """The main process's decision for this step, shared with the others."""
         now = time.monotonic()
-        staleness = None if item is None else self.state.global_step - item.version
-        stale = staleness is not None and staleness > self.args.max_staleness
+        ages = None if item is None else sample_staleness(item, payload, self.state.global_step)
+        stale = [age for age in ages or [] if age > self.args.max_staleness]
         use = item is not None and not stale and item.all_prompt_ids is not None
         use = use and item.prompt_ids == prompt_ids
         serving = None  # the server's request seconds since the step before consumed
@@ -217,7 +274,7 @@ class AsyncGenerationMixin:
         return {
             "use": use,
             "payload": payload if use else None,
-            "staleness": staleness if use else None,
+            "staleness": (sum(ages) / len(ages), max(ages)) if use and ages else None,
             "dropped": len(item.all_prompt_ids) if stale and item.all_prompt_ids else 0,
             "ready_before": item is not None and item.finished and item.finished <= waited,
             "wait_s": now - waited,
@@ -236,8 +293,9 @@ class AsyncGenerationMixin:
     def _record(self, decision: dict) -> None:
         metrics = self._metrics["train"]
         if decision["staleness"] is not None:
-            metrics["async/staleness_mean"].append(float(decision["staleness"]))
-            metrics["async/staleness_max"].append(float(decision["staleness"]))
+            mean, worst = decision["staleness"]
+            metrics["async/staleness_mean"].append(float(mean))
+            metrics["async/staleness_max"].append(float(worst))
         metrics["async/prefetched"].append(float(decision["use"]))
         metrics["async/dropped_stale"].append(float(decision["dropped"]))
         metrics["async/queue_depth"].append(float(decision["ready_before"]))
@@ -247,7 +305,7 @@ class AsyncGenerationMixin:
             record("server_generation", decision["server_s"])
 
     def _local_slice(self, payload: tuple, prompt_ids, item: Pending | None):
-        completion_ids, logprobs = payload
+        completion_ids, logprobs = payload[0], payload[1]
         rank, size = self.accelerator.process_index, len(prompt_ids)
         if item is None or item.prompt_ids != prompt_ids:
             raise RuntimeError(
@@ -263,6 +321,10 @@ class AsyncGenerationMixin:
         if self.state.global_step != self._last_loaded_step:
             self.vllm_generation.sync_weights()
             self._last_loaded_step = self.state.global_step
+            pool = getattr(self.vllm_generation, "_client", None)
+            version = getattr(self.vllm_generation, "synced_step", None)
+            if isinstance(pool, ServerPool) and version is not None:
+                pool.mark_synced(version)  # the servers that took this push hold `version`
 
     # ---- the worker --------------------------------------------------------------------------
 
@@ -300,7 +362,9 @@ class AsyncGenerationMixin:
         logprobs = output["logprobs"]
         if logprobs is not None:
             logprobs = [[lp[0] for lp in seq] for seq in logprobs]
-        return output["completion_ids"], logprobs
+        per_prompt = output.get("policy_versions")  # a ServerPool: each server's version
+        versions = None if per_prompt is None else [v for v in per_prompt for _ in range(n)]
+        return output["completion_ids"], logprobs, versions
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
@@ -308,6 +372,11 @@ class AsyncGenerationMixin:
         item = self._pending
         if item is None:
             return {"step": -1}
+        if item.all_prompt_ids is not None and not item.done.is_set():
+            logger.warning(
+                "async_generation: the checkpoint waits for step %d's completions, in flight",
+                item.step,
+            )
         payload = self._collect(item) if item.all_prompt_ids is not None else None
         return {
             "step": item.step,

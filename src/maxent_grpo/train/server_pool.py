@@ -13,6 +13,10 @@ SERVERS_VARIABLE) and a ServerPool in place of the one client TRL's VLLMGenerati
   server (`last_sync_seconds`), and a server that fails it is lost. Before each sync, lost
   servers that answer /health again (the launcher restarts them, launch/server_group.py)
   rejoin, so they get the step's weights before they take a request.
+- Policy versions (async_generation): `mark_synced(version)` after a push records the version
+  each server that took it now holds (a lost server holds none: restarted, it has the base
+  model); each answer says, per prompt, the version of the server that made it
+  (`policy_versions`), so a sample's staleness is measured against its own server.
 
 Why not the `vllm-router` package: it is a separate Rust process to start, watch and restart,
 it does not carry the weight-sync calls (dev-mode /collective_rpc, the NCCL group per server)
@@ -78,6 +82,8 @@ class ServerPool:
         self.prompts_served = [0] * len(self.clients)  # per server, since the start
         self.last_sync_seconds: dict[str, float] = {}  # per server URL, the last sync
         self.device = None  # NCCL sync: the trainer's device, for a rejoining server's group
+        self.versions: list[int | None] = [None] * len(self.clients)  # policy version held
+        self._given: list[int] = []  # the servers that took the last weight push
 
     @property
     def urls(self) -> list[str]:
@@ -95,6 +101,7 @@ class ServerPool:
     def _lose(self, index: int, why: str) -> None:
         if index in self.live:
             self.live.remove(index)
+            self.versions[index] = None
             url = self.clients[index].base_url
             print(
                 f"vLLM server {url} lost ({why}); the other servers take its requests", flush=True
@@ -114,6 +121,7 @@ class ServerPool:
         for number in range(len(chunks)):
             todo.put(number)
         answers: dict[int, dict] = {}
+        made_by: dict[int, int] = {}  # chunk -> the server that answered it
 
         def serve(index: int) -> None:
             client = self.clients[index]
@@ -129,6 +137,7 @@ class ServerPool:
                         None if features is None else [features[i] for i in part],
                         **params,
                     )
+                    made_by[number] = index
                     self.prompts_served[index] += len(part)
                 except Exception as exc:
                     if not _is_lost(exc):  # the request's own fault: no server would answer
@@ -142,7 +151,16 @@ class ServerPool:
         if failed:
             raise failed[0]
         self._check_any()
-        return {key: _joined(answers, len(chunks), key) for key in ANSWER_KEYS}
+        answer = {key: _joined(answers, len(chunks), key) for key in ANSWER_KEYS}
+        versions = [self.versions[made_by[number]] for number in range(len(chunks))]
+        answer["policy_versions"] = [v for v, part in zip(versions, chunks) for _ in part]
+        return answer
+
+    def mark_synced(self, version: int) -> None:
+        """The servers that took the last weight push (and are still live) hold `version`."""
+        for index in self._given:
+            if index in self.live:
+                self.versions[index] = version
 
     def _run_each(self, work: Callable[[int], None], indices: list[int]) -> None:
         threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in indices]
@@ -176,6 +194,7 @@ class ServerPool:
             self.rejoin()
         self._check_any()
         self.last_sync_seconds = {}
+        given = []
         for index in list(self.live):
             client = self.clients[index]
             start = time.perf_counter()
@@ -187,6 +206,9 @@ class ServerPool:
                 self._lose(index, f"{what} failed: {str(exc)[:200]}")
                 continue
             self.last_sync_seconds[client.base_url] = time.perf_counter() - start
+            given.append(index)
+        if rejoin:  # a call that gives the weights (not reset_prefix_cache)
+            self._given = given
         self._check_any()
 
     def reset_prefix_cache(self) -> None:
