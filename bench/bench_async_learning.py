@@ -64,6 +64,39 @@ def binned(runs: list[dict], width: int) -> list[tuple[int, float]]:
     return out
 
 
+def completions_to(curve: list[tuple[int, float]], level: float, width: int = 10):
+    """Completions trained on when the `width`-step moving average first reaches `level`."""
+    for i in range(len(curve)):
+        part = curve[max(0, i - width + 1) : i + 1]
+        if statistics.fmean(r for _, r in part) >= level:
+            return curve[i][0]
+    return None
+
+
+def level_figures(runs: dict[str, list[dict]]) -> list[dict]:
+    """Completions each side needs to reach 50/75/90 % of sync's rise (median of seeds)."""
+    first = statistics.fmean(r["first"] for r in runs["sync"])
+    final = statistics.fmean(r["final"] for r in runs["sync"])
+    figures = []
+    for share in (0.5, 0.75, 0.9):
+        level = first + share * (final - first)
+        need = {}
+        for side, rs in runs.items():
+            reached = [completions_to(r["curve"], level) for r in rs]
+            need[side] = None if None in reached else statistics.median(reached)
+        ratio = need["async"] / need["sync"] if None not in need.values() else None
+        figures.append(
+            figure(
+                f"completions to reward {level:.3f} ({share:.0%} of sync's rise), async / sync",
+                ratio,
+                "x",
+                is_ratio=True,
+                note=f"median of seeds: sync {need['sync']}, async {need['async']}",
+            )
+        )
+    return figures
+
+
 def compare(runs: dict[str, list[dict]], measure: str) -> tuple[list[dict], bool]:
     """Figures of one measure across seeds; whether async is within the sync seeds' spread."""
     values = {side: [r[measure] for r in rs] for side, rs in runs.items()}
@@ -87,6 +120,7 @@ def verdict_figures(runs: dict[str, list[dict]]) -> tuple[list[dict], str]:
     sync_final = [r["final"] for r in runs["sync"]]
     rise, spread = statistics.fmean(sync_final) - first, max(sync_final) - min(sync_final)
     figures = [figure("sync: rise, final window - first window", rise, "reward"), *final, *whole]
+    figures += level_figures(runs)
     if rise <= spread:
         return (
             figures,
@@ -108,13 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=20, help="steps in the first/final window")
     parser.add_argument("--sides", default="sync,async", help="comma-separated: sync,async")
     parser.add_argument("--learning-rate", type=float, default=LEARNING["learning_rate"])
+    parser.add_argument(
+        "--smoke-rewards", action="store_true", help="the recipe's own reward mix instead"
+    )
     args = parser.parse_args(argv)
     sides = args.sides.split(",")
     measurement = Measurement("async_learning", args.output)
     workdir = Path(tempfile.mkdtemp(prefix="bench-async-learning-"))
-    keys = dict(
-        LEARNING, learning_rate=args.learning_rate, max_steps=args.steps, save_strategy="no"
-    )
+    rewards = {} if args.smoke_rewards else LEARNING
+    keys = dict(rewards, learning_rate=args.learning_rate, max_steps=args.steps)
+    keys["save_strategy"] = "no"
     keys["per_device_train_batch_size"] = 8  # the smoke recipe's 8 completions, 1 process
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     with shared_server(workdir, 1, keys) as plan_for:
