@@ -1,15 +1,31 @@
-"""Trainers mark the optional libraries a run does not use absent before TRL is imported."""
+"""A trainer's start-up: the optional libraries a run does not use are marked absent before TRL
+is imported; the garbage collector is held and the installed packages are scanned once until
+training starts (train/startup.py)."""
 
 from __future__ import annotations
 
+import gc
+import importlib.metadata
 import importlib.util
+import weakref
 
 import pytest
 
 from helpers.recipes import write_recipe
 from helpers.trainer_imports import trainer_imports
 from maxent_grpo.recipe import read_recipe
+from maxent_grpo.train import startup
 from maxent_grpo.train.unused_libraries import unused_libraries
+
+_IMPORTS: dict[str, dict] = {}
+
+
+def imports_of(tmp_path, report_to) -> dict:
+    """trainer_imports of a recipe with this report_to, one fresh interpreter per value."""
+    key = repr(report_to)
+    if key not in _IMPORTS:
+        _IMPORTS[key] = trainer_imports(write_recipe(tmp_path, report_to=report_to))
+    return _IMPORTS[key]
 
 
 @pytest.mark.parametrize(
@@ -34,8 +50,7 @@ def test_the_libraries_a_recipe_does_not_use(tmp_path, keys, unused):
 def test_trl_loads_wandb_only_for_runs_that_report_to_it(tmp_path, report_to, loaded):
     if importlib.util.find_spec("wandb") is None:
         pytest.fail("wandb is a core dependency and must be installed")
-    imports = trainer_imports(write_recipe(tmp_path, report_to=report_to))
-    assert imports["wandb"] == [loaded, loaded]
+    assert imports_of(tmp_path, report_to)["wandb"] == [loaded, loaded]
 
 
 @pytest.mark.parametrize("use_peft", [False, True])
@@ -44,3 +59,47 @@ def test_transformers_loads_peft_only_for_lora_runs(tmp_path, use_peft):
         pytest.fail("the test environment installs the peft extra (tests/test_peft.py)")
     imports = trainer_imports(write_recipe(tmp_path, use_peft=use_peft))
     assert imports["peft"] == [use_peft, use_peft]
+
+
+def test_trl_imports_scan_the_packages_once_and_walk_no_heap(tmp_path):
+    """transformers and TRL each scan the installed packages when imported; with the collector
+    on, Python walks the growing heap again and again (each walk ~0.4 s at the end)."""
+    imports = imports_of(tmp_path, "none")  # the interpreter of the report_to "none" case
+    assert imports["package_scans"] == 1
+    assert imports["full_collections"] == 0
+
+
+class Node:
+    """A weak-referenceable object for a reference cycle."""
+
+
+def start_up_cycle() -> weakref.ref:
+    node = Node()
+    node.self = node  # only the cyclic collector frees it
+    return weakref.ref(node)
+
+
+def test_started_collects_start_up_garbage_then_freezes_the_rest(monkeypatch):
+    scans = []
+    monkeypatch.setattr(startup, "_real_scan", lambda: scans.append(1) or {"yaml": ["PyYAML"]})
+    with startup.starting_up():
+        assert not gc.isenabled()
+        cycle = start_up_cycle()
+        first = importlib.metadata.packages_distributions()
+        first["yaml"].append("changed")  # each caller owns its copy
+        assert importlib.metadata.packages_distributions() == {"yaml": ["PyYAML"]}
+        assert len(scans) == 1
+        assert cycle() is not None  # nothing walks the heap during start-up
+        startup.started()
+        assert cycle() is None  # started's one collection: no start-up cycle is kept
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        assert importlib.metadata.packages_distributions is startup._real_scan
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_an_error_during_start_up_gives_the_collector_back():
+    with pytest.raises(RuntimeError), startup.starting_up():
+        assert not gc.isenabled()
+        raise RuntimeError("a user error before training")
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert importlib.metadata.packages_distributions is startup._real_scan

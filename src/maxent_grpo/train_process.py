@@ -18,6 +18,7 @@ from maxent_grpo.recipe import build_recipe, read_recipe
 from maxent_grpo.recipe.needs import import_error_line
 from maxent_grpo.recipe.parser import RecipeKeys, take_flag
 from maxent_grpo.train.entry import StoppedForRequeue, train
+from maxent_grpo.train.startup import starting_up
 from maxent_grpo.train.unused_libraries import mark_unused_libraries_absent
 
 
@@ -60,19 +61,21 @@ def cli_main(argv: list[str], method: str | None = None) -> int:
     world_size = world_size_from(os.environ)
     keys = None
     try:
-        keys = on_cpu_without_cuda(read_recipe(argv, method), world_size)  # no TRL yet
-        mark_unused_libraries_absent(keys)
-        recipe = build_recipe(keys, world_size)
-        # This process starts the run's work: the recipe's env: block applies from here on
-        # (under the launcher it is already in the environment, with the same values).
-        os.environ.update(recipe.env)
-        recipe = check_recipe(recipe)
-        # Benchmarks score generations with the recipe's rewards: GRPO's keys (not SFT's).
-        rl = recipe.method in RL_METHODS
-        evaluations = make_callback(recipe) if rl else None  # slurm: a job per checkpoint
-        train(recipe, trainer_class(recipe.method), [c for c in (evaluations,) if c is not None])
-        if rl:
-            after_training(recipe)  # benchmarks: queue (slurm) or run (inline) what is due
+        with starting_up():  # garbage collector held until train() starts training
+            keys = on_cpu_without_cuda(read_recipe(argv, method), world_size)  # no TRL yet
+            mark_unused_libraries_absent(keys)
+            recipe = build_recipe(keys, world_size)
+            # This process starts the run's work: the recipe's env: block applies from here
+            # on (under the launcher it is already in the environment, with the same values).
+            os.environ.update(recipe.env)
+            recipe = check_recipe(recipe)
+            # Benchmarks score generations with the recipe's rewards: GRPO's keys (not SFT's).
+            rl = recipe.method in RL_METHODS
+            evaluations = make_callback(recipe) if rl else None  # slurm: a job per checkpoint
+            callbacks = [c for c in (evaluations,) if c is not None]
+            train(recipe, trainer_class(recipe.method), callbacks)
+            if rl:
+                after_training(recipe)  # benchmarks: queue (slurm) or run (inline) what is due
     except UserError as exc:
         print(error_report(exc), file=sys.stderr)
         return EXIT_USER_ERROR

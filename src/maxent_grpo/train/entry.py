@@ -40,6 +40,7 @@ from maxent_grpo.timers import timed
 from maxent_grpo.train.checkpoints import make_stop_callback
 from maxent_grpo.train.heartbeat import attach_heartbeat
 from maxent_grpo.train.reference_model import reference_model
+from maxent_grpo.train.startup import started
 from maxent_grpo.train.wandb_run import export_wandb_run, make_wandb_step_callback
 
 
@@ -305,6 +306,7 @@ def train(recipe, trainer_class: type, callbacks: Sequence = ()) -> None:
         trainer.add_callback(callback)
     if uses_wandb(training_args):
         trainer.add_callback(make_wandb_step_callback())
+    started()  # start-up's one garbage collection (train/startup.py), then training's own
     train_loss = _train_from_last_checkpoint(trainer, output_dir, training_args)
     if stop.stopped and trainer.state.global_step < trainer.state.max_steps:
         trainer.accelerator.wait_for_everyone()  # no rank leaves while another still saves
