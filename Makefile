@@ -11,9 +11,11 @@ install:
 # The suite that runs on any machine: unit tests plus real CPU training runs. The GPU kit's
 # and the red team's suites have their own targets (deselected here, not skipped). Two workers
 # (TEST_WORKERS), a test file each at a time: a training run is one busy core (OMP_NUM_THREADS=1).
+# --no-loadscope-reorder keeps tests/conftest.py's order (files with real runs first); xdist's
+# default hands out the files with the most tests first, so a long file of few tests can start last.
 TEST_WORKERS ?= 2
 test: sandbox-tool
-	MAXENT_GRPO_CLEAN_CHECKOUT=1 $(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not slurm and not vllm and not multinode and not freshclone and not gpukit and not redteam" -q
+	MAXENT_GRPO_CLEAN_CHECKOUT=1 $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slurm and not vllm and not multinode and not freshclone and not gpukit and not redteam" -q
 
 # The code rewards' sandbox, bubblewrap (docs/code-rewards.md): installed here as root on
 # Debian (a fresh machine, CI); elsewhere one line says how.
