@@ -30,17 +30,6 @@ from maxent_grpo.recipe.problems import collecting
 def check_rewards(script_args, training_args) -> None:
     from maxent_grpo.rewards import get_reward_funcs  # imports sympy (math rewards): seconds
 
-    if not script_args.reward_funcs:
-        raise ConfigError(
-            "reward_funcs: empty; give at least one reward function, e.g. reward_funcs: [accuracy]"
-        )
-    try:
-        funcs = get_reward_funcs(
-            script_args.reward_funcs,
-            **script_args.reward_settings(training_args.max_completion_length),
-        )
-    except UserError as exc:  # the registry's one line: one problem among the recipe's others
-        raise ConfigError(str(exc)) from None
     if (script_args.tools or script_args.environment) and script_args.prompt_template:
         # TRL reads tool calls from chat turns: on plain text its tool loop fails mid-step.
         raise ConfigError(
@@ -51,17 +40,76 @@ def check_rewards(script_args, training_args) -> None:
         from maxent_grpo.rewards.tools import get_tools  # imports transformers: seconds
 
         get_tools(script_args.tools, script_args.tool_settings())  # imports and checks each
-        from maxent_grpo.rewards.environments import get_environment  # imports transformers
+        from maxent_grpo.rewards.environments import get_environment, reward_names  # transformers
 
-        get_environment(script_args.environment, script_args.tool_settings())
-    except UserError as exc:
+        environment = get_environment(script_args.environment, script_args.tool_settings())
+        names = reward_names(script_args.reward_funcs, environment)
+        if not names and not (environment and callable(getattr(environment, "get_reward", 0))):
+            raise ConfigError(
+                "reward_funcs: empty and no environment with get_reward scores the rollouts; "
+                "give at least one reward function, e.g. reward_funcs: [accuracy]"
+            )
+        funcs = get_reward_funcs(
+            names, **script_args.reward_settings(training_args.max_completion_length)
+        )
+    except UserError as exc:  # the registry's one line: one problem among the recipe's others
         raise ConfigError(str(exc)) from None
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(funcs):
         raise ConfigError(
             f"reward_weights: {len(weights)} weights for {len(funcs)} reward_funcs "
-            f"({', '.join(script_args.reward_funcs)}); give one weight per reward function"
+            f"({', '.join(names) or 'none'}); give one weight per reward function (the "
+            "environment's get_reward has weight 1)"
         )
+
+
+def check_context(script_args, training_args, model_args) -> None:
+    """Server mode with vllm_max_model_length: the longest prompt (measured on a builtin or
+    local dataset with the policy's tokenizer; a hub one is not read) plus what each turn asks
+    for fits it (rewards/context.py)."""
+    limit = training_args.vllm_max_model_length
+    if not (training_args.use_vllm and training_args.vllm_mode == "server" and limit):
+        return
+    from maxent_grpo.data import load_datasets, source_kind  # imports datasets: seconds
+    from maxent_grpo.rewards.context import (  # imports transformers (environments.py)
+        fits_context,
+        longest_prompt,
+        schema_tools,
+    )
+    from maxent_grpo.rewards.environments import get_environment  # imports transformers
+    from maxent_grpo.rewards.tools import get_tools  # imports transformers on a custom tool
+
+    name = script_args.dataset_name
+    prompt, how = 0, "not measured: a hub dataset or mixture is read when training starts"
+    if not script_args.dataset_mixture and name and source_kind(name) != "hub":
+        from transformers import AutoTokenizer  # seconds
+
+        tools = get_tools(script_args.tools, script_args.tool_settings())
+        environment = get_environment(script_args.environment, script_args.tool_settings())
+        import datasets
+
+        bars_were_on = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # a check prints its verdict only
+        try:
+            rows = load_datasets(script_args)["train"]["prompt"]
+        finally:
+            if bars_were_on:
+                datasets.enable_progress_bars()
+        tokenizer = AutoTokenizer.from_pretrained(  # as the trainers load it (train/entry.py)
+            model_args.model_name_or_path,
+            revision=model_args.model_revision,
+            trust_remote_code=training_args.trust_remote_code,
+        )
+        if training_args.chat_template is not None:
+            tokenizer.chat_template = training_args.chat_template
+        prompt = longest_prompt(rows, tokenizer, schema_tools(tools, environment))
+        how = f"measured over {len(rows)} rows of {name}"
+    iterations = training_args.max_tool_calling_iterations
+    multi_turn = bool(script_args.tools or script_args.environment) and iterations != 0
+    try:
+        fits_context(limit, training_args.max_completion_length, multi_turn, prompt, how)
+    except UserError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_columns(script_args, mixture) -> None:
@@ -117,6 +165,13 @@ def check_recipe(recipe: Recipe) -> Recipe:
         if script is not None and not problems.failed("dataset_mixture"):
             with problems.check("dataset_name", "dataset_prompt_column"):
                 _check_columns(script, mixture)
+        if (
+            rl
+            and None not in (script, training, recipe.model)
+            and not problems.failed("dataset_name", "reward_funcs", "model_name_or_path")
+        ):
+            with problems.check("vllm_max_model_length"):
+                check_context(script, training, recipe.model)
         if rl and script is not None and training is not None:
             with problems.check("benchmarks"):
                 check_benchmarks(script, training)

@@ -57,10 +57,11 @@ def test_tool_episodes_generate_through_the_server(tmp_path, tiny_model):
         reward_weights=None,
         num_generations=2,
         per_device_train_batch_size=2,
-        # Each turn asks the server for this many tokens after its prompt: the first prompt
-        # (~710 tokens with the template's tool preamble) + call (~55) + tool turn (~80) + 150
-        # fits 1024; the episode (call, tool turn, a second call) needs > 135.
-        max_completion_length=150,
+        # Each turn asks the server for this many tokens after its prompt + episode so far,
+        # which TRL keeps within it: `check` refuses unless the longest prompt (741 tokens
+        # with the template's tool preamble) + 2 x this fits 1024 (rewards/context.py). The
+        # episode (call ~43, tool turn ~63, a second call) passes it: the second call is cut.
+        max_completion_length=140,
         max_steps=2,
         save_steps=1000,
     )

@@ -71,14 +71,15 @@ class ScriptArguments:
             "Unset: chat messages."
         },
     )
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["answer_match"],
+    reward_funcs: list[str] | None = field(
+        default=None,
         metadata={
             "help": "Reward functions: built-in names (accuracy, answer_match, format, tag_count, "
             "length, soft_overlong_punishment, repetition_penalty), 'module:function', a reward "
             "server 'http(s)://host:port/path' or a reward model 'model:<hub id or path>' "
             "(docs/tools.md). "
-            "Weights come from reward_weights."
+            "Weights come from reward_weights. Unset: [answer_match], or none when the "
+            "environment defines get_reward (its reward alone)."
         },
     )
     reward_timeout_seconds: Annotated[float, Accepts(range=(">=", 0))] = field(

@@ -79,3 +79,16 @@ def get_environment(spec: str | None, settings: dict[str, Any]) -> type | None:
         if not inspect.iscoroutinefunction(method)  # TRL awaits those on its own loop
     }
     return type(cls.__name__, (cls,), {**wrapped, "__module__": cls.__module__})
+
+
+DEFAULT_REWARDS = ("answer_match",)
+
+
+def reward_names(names: list[str] | None, environment: type | None) -> list[str]:
+    """The recipe's reward_funcs; unset: none when the environment scores rollouts itself
+    (get_reward, which TRL adds as a reward), else DEFAULT_REWARDS."""
+    if names is not None:
+        return list(names)
+    if environment is not None and callable(getattr(environment, "get_reward", None)):
+        return []
+    return list(DEFAULT_REWARDS)

@@ -138,11 +138,13 @@ def make_step_event_callback():
 def _rewards_and_tools(recipe) -> dict:
     """GRPO's trainer arguments beyond the data: the reward functions, and tools if any."""
     from maxent_grpo.rewards import get_reward_funcs, guard_rewards  # imports sympy
+    from maxent_grpo.rewards.environments import get_environment, reward_names  # transformers
 
     script_args = recipe.script
+    environment = get_environment(script_args.environment, script_args.tool_settings())
     reward_funcs = guard_rewards(
         get_reward_funcs(
-            script_args.reward_funcs,
+            reward_names(script_args.reward_funcs, environment),  # unset: see its help
             **script_args.reward_settings(recipe.training.max_completion_length),
         ),
         script_args.reward_timeout_seconds,
@@ -152,9 +154,6 @@ def _rewards_and_tools(recipe) -> dict:
     # TRL's GRPOTrainer takes tools only when there are some (it checks the chat template).
     tools = get_tools(script_args.tools, script_args.tool_settings())
     extra = {"reward_funcs": reward_funcs, **({"tools": tools} if tools else {})}
-    from maxent_grpo.rewards.environments import get_environment  # imports transformers
-
-    environment = get_environment(script_args.environment, script_args.tool_settings())
     if environment is not None:  # a class: TRL makes one instance per rollout
         extra["environment_factory"] = environment
     return extra
