@@ -10,7 +10,10 @@ import sys
 
 import pytest
 
+from helpers.paths import MAXENT_GRPO
+from helpers.recipes import small_recipe
 from helpers.reward_models import tiny_classifier
+from helpers.runs import run
 from maxent_grpo.launch.plan import Environment, PlanError, Ports, RewardModelPlan, make_plan
 from maxent_grpo.launch.reward_server import RewardModelServer
 from maxent_grpo.recipe import read_recipe
@@ -18,6 +21,7 @@ from maxent_grpo.rewards import get_reward_funcs
 from maxent_grpo.rewards.example_server import make_server, serve_in_thread
 from maxent_grpo.rewards.model_server import RewardModel
 from maxent_grpo.rewards.remote import REWARD_MODEL_VARIABLE, RemoteReward
+from maxent_grpo.rundir.events import read_events
 from maxent_grpo.vllm_health import ServerError
 
 PORTS = Ports(vllm=18000, vllm_group=151216, main_process=29555, reward_model=18001)
@@ -179,3 +183,31 @@ def test_a_server_that_exits_or_never_answers_stops_the_start_in_one_line(tmp_pa
     finally:
         slow.stop(grace=1)
     assert slow.child.poll() is not None
+
+
+def test_a_server_that_cannot_load_its_model_stops_the_run_before_any_trainer(tmp_path, tiny_model):
+    """`maxent-grpo run` with a model: directory that says it is a classifier but holds no
+    weights: the launcher's server exits, the attempt ends in one line with the server's log
+    tail (a user_error, exit 2), and no trainer was started."""
+    broken = tmp_path / "rm"
+    broken.mkdir()
+    (broken / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen2ForSequenceClassification"], "id2label": {"0": "s"}})
+    )
+    recipe = small_recipe(
+        tmp_path,
+        tiny_model,
+        reward_funcs=[f"model:{broken}"],
+        reward_model_gpus=1,
+        reward_weights=None,
+    )
+    logs = tmp_path / "logs"
+    result = run(
+        [MAXENT_GRPO, "run", "--config", str(recipe), "--logs-dir", str(logs)], timeout=300
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-3000:]
+    assert "error: reward model server exited with code 1 before it answered" in out
+    assert "reward model server healthy" not in out and not list(logs.glob("*_train.log"))
+    (outcome,) = [e for e in read_events(tmp_path / "out") if e["event"] == "outcome"]
+    assert outcome["outcome"] == "user_error"

@@ -37,7 +37,7 @@ from maxent_grpo.launch.resume import (
     settings_of,
     with_recorded,
 )
-from maxent_grpo.launch.reward_server import start_reward_server
+from maxent_grpo.launch.reward_server import RewardModelServer
 from maxent_grpo.launch.server import launch_server
 from maxent_grpo.launch.server_group import launch_servers
 from maxent_grpo.launch.slurm import (
@@ -362,11 +362,9 @@ class Attempt(Finish):
         if self.stop_reason is not None:  # asked to stop before anything started
             return Watched(None)
         crash_grace = crash_grace_s(environ)  # a bad value stops here, before any process
-        if plan.reward_model is not None:  # healthy before the trainers' first scoring
+        if plan.reward_model is not None:  # waited for below, while vLLM boots beside it
             reward_log = log_path(self.request.logs_dir, run_name, "reward_model", self.environ)
-            self.reward_server = start_reward_server(
-                plan.reward_model, reward_log, environ, cancelled=lambda: self.stop_signal
-            )
+            self.reward_server = RewardModelServer(plan.reward_model, reward_log, environ).start()
         if plan.server is not None:
             server_log = log_path(self.request.logs_dir, run_name, "vllm", self.environ)
             # PYTHONFAULTHANDLER: a hang's SIGABRT prints the server's stacks (watchdog.py).
@@ -378,6 +376,8 @@ class Attempt(Finish):
                 self.server = launch_servers(plan.servers, server_log, server_env, event)
             else:
                 self.server = launch_server(plan.server, server_log, server_env)
+        if self.reward_server is not None:  # healthy before the trainers' first scoring
+            self.reward_server.wait_until_healthy(cancelled=lambda: self.stop_signal)
         env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(STOP_DRAIN_S), **environ}
         env.update({**plan.train.env, "PYTHONUNBUFFERED": "1"})
         health = tuple(s.health_url for s in plan.servers)  # every server: any answering will do

@@ -1,16 +1,16 @@
 """The reward-model server of a run (reward_model_gpus): started, waited for, always stopped.
 
-Started before the trainers and waited for (/health 200 within vllm_server_timeout, the
-process alive), so the trainers' first scoring finds it up: their reward-server client retries
-only within reward_server_retries, far less than a model's load. A server that exits or does
-not answer in time stops the attempt with one line and the end of its log, before any trainer
-starts. It is stopped with the rest of the run (Attempt.abort); if it dies mid-run the
-trainers' next scoring raises RewardServerDown after its bounded retries.
+Started before the vLLM server (which boots meanwhile) and waited for before the trainers
+start (/health 200 within vllm_server_timeout, the process alive), so their first scoring
+finds it up: their reward-server client retries only within reward_server_retries, far less
+than a model's load. A server that exits or does not answer in time stops the attempt with one
+line and the end of its log, before any trainer starts. It is stopped with the rest of the run
+(Attempt.abort); if it dies mid-run the trainers' next scoring raises RewardServerDown after
+its bounded retries.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,7 +37,9 @@ class RewardModelServer:
 
     def start(self) -> RewardModelServer:
         self.child = Child("reward_model", self.plan.command, self.log_path, env=self.env)
-        print(f"reward model server starting (pid {self.child.pid}); log: {self.log_path}")
+        print(
+            f"reward model server starting (pid {self.child.pid}); log: {self.log_path}", flush=True
+        )
         return self
 
     def wait_until_healthy(
@@ -79,19 +81,3 @@ class RewardModelServer:
         if running:
             print("reward model server stopped", flush=True)
         return code
-
-
-def start_reward_server(
-    plan: RewardModelPlan,
-    log_path: Path,
-    environ: Mapping[str, str] = os.environ,
-    cancelled: Callable[[], int | None] = lambda: None,
-) -> RewardModelServer:
-    """Start the server and wait for it; stopped again if the wait fails."""
-    server = RewardModelServer(plan, log_path, environ).start()
-    try:
-        server.wait_until_healthy(cancelled)
-    except BaseException:
-        server.stop(grace=2)
-        raise
-    return server
