@@ -242,6 +242,8 @@ class Watch:
         info["slurm_restart_delay_s"] = marks["restart"] - marks["requeueing"]
         info["restart_to_first_step_s"] = marks["first_resumed_step"] - marks["restart"]
         info["restart_to_attempt_log_s"] = marks["attempt2_log"] - marks["restart"]
+        if "resume_line" in marks:  # the trainers' start-up, then the resume and first step
+            info["restart_to_resume_line_s"] = marks["resume_line"] - marks["restart"]
         info["total_s"] = info["stop_and_save_s"] + info["restart_to_first_step_s"]
         return info
 
@@ -294,7 +296,9 @@ def requeue_figures(info: dict) -> list[dict]:
             "s",
             RESTART_TARGET_S,
             note=f"new attempt's train log after {info['restart_to_attempt_log_s']:.2f} s "
-            "(launcher start, parse, preflight, plan); "
+            "(launcher start, parse, preflight, plan); its 'Resuming from' line after "
+            f"{info.get('restart_to_resume_line_s', float('nan')):.2f} s (accelerate launch, "
+            "the trainers' imports, recipe, trainer and model); "
             f"target: {RESTART_TARGET_S:g} s beyond model load, the tiny model's load "
             "(< 0.3 s) not added",
         ),
