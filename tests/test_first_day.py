@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,11 +21,11 @@ from helpers.resume import assert_resumed_from, event_count
 from helpers.runs import child_env, run
 from maxent_grpo.errors import ConfigProblems, UserError
 from maxent_grpo.launch.launcher import RunRequest, prepare
-from maxent_grpo.launch.resume import changes_training
+from maxent_grpo.launch.resume import changed_keys, changes_training
 from maxent_grpo.preflight import check_recipe
 from maxent_grpo.recipe import build_recipe, read_recipe
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
-from maxent_grpo.rundir.settings import read_settings
+from maxent_grpo.rundir.settings import RunSettings, read_settings
 
 STOP = "tests.helpers.stop_rewards:stop_at_step"
 
@@ -182,3 +183,19 @@ def test_local_data_and_reward_names_are_checked_before_launch(tmp_path, tiny_mo
         f"(relative to {REPO})"
     ]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_recorded_with_the_default_rewards_written_out_resumes_unchanged():
+    """Runs recorded before reward_funcs' default was left unset hold [answer_match]; an
+    unset value now trains with the same list unless an environment scores its rollouts."""
+    recorded = RunSettings("r.yaml", "grpo", (), {"reward_funcs": ["answer_match"]})
+
+    def now(**values):
+        return SimpleNamespace(method="grpo", values={"environment": None, **values})
+
+    assert changed_keys(recorded, now(reward_funcs=None)) == []
+    assert changed_keys(recorded, now(reward_funcs=["format"])) == [
+        ("reward_funcs", ["answer_match"], ["format"])
+    ]
+    with_environment = now(reward_funcs=None, environment="mypkg.envs:Calculator")
+    assert changed_keys(recorded, with_environment) == [("reward_funcs", ["answer_match"], None)]

@@ -19,6 +19,7 @@ from typing import Any
 from maxent_grpo.errors import UserError
 from maxent_grpo.launch.launcher import RunRequest
 from maxent_grpo.recipe import RecipeKeys
+from maxent_grpo.recipe.script_keys import DEFAULT_REWARD_FUNCS
 from maxent_grpo.rundir.settings import RunSettings, as_json_values
 
 ACCEPT_FLAG = "--accept-changes"
@@ -75,13 +76,21 @@ def settings_of(keys: RecipeKeys, request: RunRequest) -> RunSettings:
 
 def changed_keys(recorded: RunSettings, keys: RecipeKeys) -> list[tuple[str, Any, Any]]:
     """(key, recorded value, this start's value) for each training key that differs."""
-    now = as_json_values(keys.values)
+    now, before = _as_trained(as_json_values(keys.values)), _as_trained(recorded.values)
     changed = [("method", recorded.method, keys.method)] if recorded.method != keys.method else []
     for key in sorted(now):
-        if key in recorded.values and changes_training(key):
-            if recorded.values[key] != now[key]:
-                changed.append((key, recorded.values[key], now[key]))
+        if key in before and changes_training(key):
+            if before[key] != now[key]:
+                changed.append((key, before[key], now[key]))
     return changed
+
+
+def _as_trained(values: dict[str, Any]) -> dict[str, Any]:
+    """An unset reward_funcs without an environment trains with the default list; runs recorded
+    while that default was written into the value hold the list, and resume unchanged."""
+    if values.get("reward_funcs") is None and not values.get("environment"):
+        return {**values, "reward_funcs": list(DEFAULT_REWARD_FUNCS)}
+    return values
 
 
 def refuse_changes(output_dir: Path, changed: list[tuple[str, Any, Any]]) -> UserError:

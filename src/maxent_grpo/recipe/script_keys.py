@@ -11,6 +11,9 @@ from typing import Annotated, Any
 
 from maxent_grpo.recipe.declare import Accepts
 
+# What an unset reward_funcs trains with when no environment scores its own rollouts.
+DEFAULT_REWARD_FUNCS = ("answer_match",)
+
 
 @dataclass
 class ScriptArguments:

@@ -19,6 +19,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from maxent_grpo.recipe.script_keys import DEFAULT_REWARD_FUNCS
 from maxent_grpo.rewards.common import RewardError
 from maxent_grpo.rewards.guard import call_with_timeout
 from maxent_grpo.rewards.registry import load_callable
@@ -81,14 +82,11 @@ def get_environment(spec: str | None, settings: dict[str, Any]) -> type | None:
     return type(cls.__name__, (cls,), {**wrapped, "__module__": cls.__module__})
 
 
-DEFAULT_REWARDS = ("answer_match",)
-
-
 def reward_names(names: list[str] | None, environment: type | None) -> list[str]:
     """The recipe's reward_funcs; unset: none when the environment scores rollouts itself
-    (get_reward, which TRL adds as a reward), else DEFAULT_REWARDS."""
+    (get_reward, which TRL adds as a reward), else DEFAULT_REWARD_FUNCS."""
     if names is not None:
         return list(names)
     if environment is not None and callable(getattr(environment, "get_reward", None)):
         return []
-    return list(DEFAULT_REWARDS)
+    return list(DEFAULT_REWARD_FUNCS)
