@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import importlib.metadata
 import importlib.util
+import os
 import weakref
 
 import pytest
@@ -103,3 +104,15 @@ def test_an_error_during_start_up_gives_the_collector_back():
         raise RuntimeError("a user error before training")
     assert gc.isenabled() and gc.get_freeze_count() == 0
     assert importlib.metadata.packages_distributions is startup._real_scan
+
+
+def test_a_process_forked_during_start_up_collects_as_before():
+    read, write = os.pipe()
+    with startup.starting_up():
+        child = os.fork()
+        if child == 0:  # the child: report and leave at once
+            os.write(write, b"1" if gc.isenabled() else b"0")
+            os._exit(0)
+        assert not gc.isenabled()  # the parent still holds it
+    os.waitpid(child, 0)
+    assert os.read(read, 1) == b"1"

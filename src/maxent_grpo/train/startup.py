@@ -3,7 +3,7 @@ installed-package scan done once (every start and every requeue pays both, in ea
 
 - Importing torch, transformers, TRL and datasets creates ~700k objects that live for the whole
   run. With the collector on, each time the heap grows by a quarter Python walks all of them
-  (a dozen full collections during start-up), and accelerate runs one more full collection
+  (7-10 full collections during start-up), and accelerate runs one more full collection
   when training starts (free_memory): about 0.4 s for each walk here. Held from the start of
   cli_main to the trainer's first step, then one collection (what free_memory did, so no
   start-up garbage cycle is kept), `gc.freeze()` of the survivors (never walked again: they
@@ -14,6 +14,8 @@ installed-package scan done once (every start and every requeue pays both, in ea
 
 `starting_up()` wraps a process's start; `started()` ends it early (before training). Leaving
 the block restores what it changed, so an in-process caller (a test) gets its own state back.
+A process forked during start-up (vLLM's engine in colocate mode may be) runs with the
+collector on, as it would have.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import functools
 import gc
 import importlib.metadata
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -53,6 +56,9 @@ def _restore(collect: bool) -> None:
             gc.freeze()
         gc.enable()
         _held = False
+
+
+os.register_at_fork(after_in_child=lambda: _restore(collect=False))
 
 
 @contextmanager
