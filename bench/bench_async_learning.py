@@ -27,9 +27,11 @@ from bench_async import run_once, shared_server
 from benchlib import SMOKE_VLLM, Measurement, bench_parser, figure, print_figures
 
 # A reward the random tiny model's completions spread in (a third of its tokens are single
-# non-ASCII bytes) and that it can climb; the smoke recipe's own mix (answer_match, format,
-# tag_count, length) stays flat on it: exact answers and tags never appear, and `length` is
-# relative to the group (0 on average however the lengths move).
+# non-ASCII bytes) and that it can climb (0.73 -> 0.99 in 120 steps). The smoke recipe's own
+# mix (--smoke-rewards) rises only by collapse: answer_match, format and tag_count stay 0 and
+# `length` (at most 0 for a wrong answer) drives the completions from 31 tokens to 1
+# (-0.08 -> -0.01, ceiling 0): no room to tell two runs apart. At 3e-3, ascii_fraction is 1.0
+# for every completion from step 50 on, and the final window's spread is 0.
 SPREAD = "target: the sync seeds' spread"
 LEARNING = dict(reward_funcs=["ascii_fraction"], reward_weights=[1.0], learning_rate=1.0e-3)
 
