@@ -11,7 +11,7 @@ from pathlib import Path
 from maxent_grpo.errors import EXIT_USER_ERROR, UserError, error_report
 from maxent_grpo.launch.attempt import run_attempt
 from maxent_grpo.launch.launcher import RunRequest, prepare
-from maxent_grpo.launch.plan import parse_visible_devices
+from maxent_grpo.launch.plan import parse_visible_devices, servers_summary
 from maxent_grpo.methods import METHODS, RL_METHODS
 from maxent_grpo.recipe.parser import load_recipe_file
 from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
@@ -379,22 +379,6 @@ def _queue(args) -> int:
     raise AssertionError(args.command)
 
 
-def _server_summary(plan) -> str:
-    """The servers of a checked plan (vLLM, reward model), as the plan and the job's header
-    see them."""
-    s, rm = plan.server, plan.reward_model
-    where = (f"{len(rm.gpus)} GPU(s)" if rm.gpus else "CPU") if rm else ""
-    reward = f"; reward model server on {where} of {rm.node}" if rm else ""
-    if s is None or s.device != "gpu":
-        return reward
-    nodes = ",".join(server.node for server in plan.servers)  # vllm_nodes: one per node
-    return (
-        f"; vLLM server{'s' if len(plan.servers) > 1 else ''} on {len(s.gpus)} GPU(s) of "
-        f"{'each of ' if len(plan.servers) > 1 else ''}{nodes} "
-        f"({s.data_parallel} replica(s) x tensor parallel {s.tensor_parallel})" + reward
-    )
-
-
 def _check(request, environment) -> str:
     """`check`: the verdict on a recipe, with every problem at once (a ConfigProblems)."""
     from maxent_grpo.launch.sbatch import check_for  # check, migrate only
@@ -406,7 +390,7 @@ def _check(request, environment) -> str:
             *(f"note: {note}" for note in notes),
             f"ok: {request.recipe} is valid for {plan.train.num_processes} training process(es) "
             f"on {plan.device}; output_dir {prepared.keys.output_dir}"
-            + _server_summary(plan)
+            + servers_summary(plan)
             + (
                 ""
                 if prepared.keys.method in RL_METHODS

@@ -112,3 +112,19 @@ def _node_servers_plan(env: Environment, recipe: RecipeKeys, ports: Ports) -> Pl
     urls = ",".join(s.url for s in (first, *more))
     train = dataclasses.replace(plan.train, env={**plan.train.env, SERVERS_VARIABLE: urls})
     return dataclasses.replace(plan, train=train, more_servers=tuple(more))
+
+
+def servers_summary(plan: Plan) -> str:
+    """The servers of a checked plan (vLLM, reward model) for `check`'s verdict line, as the
+    plan and the job's header see them."""
+    s, rm = plan.server, plan.reward_model
+    where = (f"{len(rm.gpus)} GPU(s)" if rm.gpus else "CPU") if rm else ""
+    reward = f"; reward model server on {where} of {rm.node}" if rm else ""
+    if s is None or s.device != "gpu":
+        return reward
+    nodes = ",".join(server.node for server in plan.servers)  # vllm_nodes: one per node
+    return (
+        f"; vLLM server{'s' if len(plan.servers) > 1 else ''} on {len(s.gpus)} GPU(s) of "
+        f"{'each of ' if len(plan.servers) > 1 else ''}{nodes} "
+        f"({s.data_parallel} replica(s) x tensor parallel {s.tensor_parallel})" + reward
+    )
