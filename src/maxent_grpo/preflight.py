@@ -40,11 +40,15 @@ def check_rewards(script_args, training_args) -> None:
         from maxent_grpo.rewards.tools import get_tools  # imports transformers: seconds
 
         get_tools(script_args.tools, script_args.tool_settings())  # imports and checks each
-        from maxent_grpo.rewards.environments import get_environment, reward_names  # transformers
+        from maxent_grpo.rewards.environments import (  # imports transformers
+            get_environment,
+            reward_names,
+            scores_its_rollouts,
+        )
 
         environment = get_environment(script_args.environment, script_args.tool_settings())
         names = reward_names(script_args.reward_funcs, environment)
-        if not names and not (environment and callable(getattr(environment, "get_reward", 0))):
+        if not names and not scores_its_rollouts(environment):
             raise ConfigError(
                 "reward_funcs: empty and no environment with get_reward scores the rollouts; "
                 "give at least one reward function, e.g. reward_funcs: [accuracy]"

@@ -82,11 +82,16 @@ def get_environment(spec: str | None, settings: dict[str, Any]) -> type | None:
     return type(cls.__name__, (cls,), {**wrapped, "__module__": cls.__module__})
 
 
+def scores_its_rollouts(environment: type | None) -> bool:
+    """Whether the environment has get_reward, which TRL adds as a reward of weight 1."""
+    return environment is not None and callable(getattr(environment, "get_reward", None))
+
+
 def reward_names(names: list[str] | None, environment: type | None) -> list[str]:
     """The recipe's reward_funcs; unset: none when the environment scores rollouts itself
-    (get_reward, which TRL adds as a reward), else DEFAULT_REWARD_FUNCS."""
+    (scores_its_rollouts), else DEFAULT_REWARD_FUNCS."""
     if names is not None:
         return list(names)
-    if environment is not None and callable(getattr(environment, "get_reward", None)):
+    if scores_its_rollouts(environment):
         return []
     return list(DEFAULT_REWARD_FUNCS)
