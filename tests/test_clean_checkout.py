@@ -3,16 +3,16 @@ once wrote run logs into the repository's logs/, and `maxent-grpo runs` showed a
 
 from __future__ import annotations
 
-import uuid
-
-from helpers.paths import REPO
-
 pytest_plugins = ["pytester"]
 
 
 def test_a_test_that_leaves_a_run_log_in_the_checkout_fails(pytester, monkeypatch):
     monkeypatch.setenv("MAXENT_GRPO_CLEAN_CHECKOUT", "1")  # make test sets it
-    probe = REPO / "logs" / f"clean-checkout-probe-{uuid.uuid4().hex[:8]}_train.log"
+    # A stand-in checkout: a probe in the real logs/ was blamed on another xdist worker's test.
+    fake = pytester.path / "checkout"
+    (fake / "logs").mkdir(parents=True)
+    monkeypatch.setenv("MAXENT_GRPO_CLEAN_CHECKOUT_ROOT", str(fake))
+    probe = fake / "logs" / "probe_train.log"
     pytester.makepyfile(
         f"""
         from pathlib import Path
@@ -24,11 +24,6 @@ def test_a_test_that_leaves_a_run_log_in_the_checkout_fails(pytester, monkeypatc
             (tmp_path / "x").write_text("x")
         """
     )
-    try:
-        result = pytester.runpytest_inprocess(
-            "-p", "helpers.clean_checkout", "-p", "no:cacheprovider"
-        )
-    finally:
-        probe.unlink(missing_ok=True)
+    result = pytester.runpytest_inprocess("-p", "helpers.clean_checkout", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines([f"*test_leaves left files in the checkout: logs/{probe.name}*"])
