@@ -169,9 +169,8 @@ def test_with_rollouts_the_next_request_asks_for_what_the_next_first_round_draws
     from maxent_grpo.train.async_generation import AsyncGenerationMixin
     from maxent_grpo.train.rollout_mixin import RolloutMixin
 
-    class Trainer(AsyncGenerationMixin):
-        _reserve_rows = RolloutMixin._reserve_rows
-        _max_over_processes = RolloutMixin._max_over_processes
+    class Trainer(AsyncGenerationMixin, RolloutMixin):  # the rules are RolloutMixin's own
+        pass
 
     trainer = Trainer.__new__(Trainer)
     trainer.args = SimpleNamespace(oversample_factor=1.5, seed=3)

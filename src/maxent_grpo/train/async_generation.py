@@ -43,7 +43,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from maxent_grpo.train.rollouts import round_sizes
 from maxent_grpo.train.server_pool import ServerPool
 from maxent_grpo.train.state import state_registry
 
@@ -201,18 +200,11 @@ class AsyncGenerationMixin:
         return inputs
 
     def _first_round_rows(self, rows: list[dict]) -> list[dict] | None:
-        """The rows the next step's first round will generate for (RolloutMixin's rule): None
-        when the groups carried over fill it on every process; else its own rows and the
-        extra prompts it will draw, read ahead (the extra-prompt stream's position is put
-        back, so the next step draws the same ones)."""
-        need = len(rows) // self.num_generations
-        if self._max_over_processes(need - len(self._carried)) <= 0:
+        """The rows the next step's first round will generate for (RolloutMixin's rules):
+        None when the groups carried over fill it on every process."""
+        if not self._round_needed(len(rows) // self.num_generations, len(self._carried)):
             return None
-        first, _ = round_sizes(need, self.args.oversample_factor)
-        position = self._reserve_position
-        extra = self._reserve_rows(first - need)
-        self._reserve_position = position
-        return list(rows) + extra
+        return self._round_rows(rows, 0, peek=True)
 
     def _gathered(self, step: int, rows: list[dict]) -> Pending:
         from accelerate.utils import gather_object

@@ -152,12 +152,31 @@ class RolloutMixin:
 
     # ---- a step's rounds ------------------------------------------------------------------
 
+    def _round_needed(self, need: int, carried: int) -> bool:
+        """Another round runs while some process holds fewer groups than it needs (a
+        collective: every process asks at the same point)."""
+        return self._max_over_processes(need - carried) > 0
+
+    def _round_rows(self, inputs, round_index: int, *, peek: bool = False) -> list[dict]:
+        """The rows a round generates for: the step's own prompts and the over-sampled extra
+        ones in round 0, extra prompts only later. `peek` reads them without moving the
+        extra-prompt stream (async generation sends the next step's first round ahead)."""
+        need = len(inputs) // self.num_generations
+        first, later = round_sizes(need, self.args.oversample_factor)
+        position = self._reserve_position
+        if round_index == 0:
+            rows = list(inputs) + self._reserve_rows(first - need)
+        else:
+            rows = self._reserve_rows(later)
+        if peek:
+            self._reserve_position = position
+        return rows
+
     def _generate_and_score_completions(self, inputs):
         if not (self._rollouts_on and self.model.training):
             return super()._generate_and_score_completions(inputs)
         config, k = self.args, self.num_generations
         need = len(inputs) // k
-        first, later = round_sizes(need, config.oversample_factor)
         metrics = self._metrics["train"]
         marks = {name: len(metrics[name]) for name in _TRAINED_METRICS}
         pool, self._carried = self._carried, []
@@ -166,13 +185,9 @@ class RolloutMixin:
         per_filter = dict.fromkeys(names, 0.0)
         last_output, kept_here = None, 0
         while tally.rounds < config.max_generation_rounds:
-            if self._max_over_processes(need - len(pool)) <= 0:
+            if not self._round_needed(need, len(pool)):
                 break
-            rows = (
-                list(inputs) + self._reserve_rows(first - need)
-                if tally.rounds == 0
-                else (self._reserve_rows(later))
-            )
+            rows = self._round_rows(inputs, tally.rounds)
             last_output, kept, generated, counts = self._score_round(rows)
             pool.extend(kept)
             kept_here += len(kept)
