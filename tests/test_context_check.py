@@ -73,9 +73,12 @@ def _args(tiny_model, limit: int, completion: int, **script):
 
 
 def test_check_measures_the_recipe_data_and_refuses_what_does_not_fit(tiny_model):
+    from maxent_grpo.rewards.registry import load_callable
+
     script, training, model = _args(tiny_model, 256, 64, tools=[TOOL])
+    tools = [load_callable(TOOL)]  # as check_rewards resolves them
     with pytest.raises(ConfigError) as info:
-        check_context(script, training, model)
+        check_context(script, training, model, tools)
     message = str(info.value)
     assert (
         "tokens, measured over 32 rows of builtin:arithmetic) + 2 x max_completion_length"
@@ -84,13 +87,17 @@ def test_check_measures_the_recipe_data_and_refuses_what_does_not_fit(tiny_model
     prompt = int(message.split("longest prompt (")[1].split(" tokens")[0])
     # Just enough room passes; one token less is refused; no tools: one completion.
     check_context(
-        script, SimpleNamespace(**{**vars(training), "vllm_max_model_length": prompt + 128}), model
+        script,
+        SimpleNamespace(**{**vars(training), "vllm_max_model_length": prompt + 128}),
+        model,
+        tools,
     )
     with pytest.raises(ConfigError):
         check_context(
             script,
             SimpleNamespace(**{**vars(training), "vllm_max_model_length": prompt + 127}),
             model,
+            tools,
         )
     plain, training, model = _args(tiny_model, 256, 64)
     check_context(

@@ -10,6 +10,8 @@ and rewards/ import datasets and sympy, so they are imported where a rule needs 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from maxent_grpo.benchmarks.checks import check_benchmarks
 from maxent_grpo.errors import ConfigError, UserError
@@ -27,7 +29,9 @@ from maxent_grpo.recipe.checks import (
 from maxent_grpo.recipe.problems import collecting
 
 
-def check_rewards(script_args, training_args) -> None:
+def check_rewards(script_args, training_args) -> tuple[list, type | None]:
+    """The reward functions, tools and environment resolve and agree; returns the tools and
+    the environment (check_context measures their schemas)."""
     from maxent_grpo.rewards import get_reward_funcs  # imports sympy (math rewards): seconds
 
     if (script_args.tools or script_args.environment) and script_args.prompt_template:
@@ -39,7 +43,7 @@ def check_rewards(script_args, training_args) -> None:
     try:
         from maxent_grpo.rewards.tools import get_tools  # imports transformers: seconds
 
-        get_tools(script_args.tools, script_args.tool_settings())  # imports and checks each
+        tools = get_tools(script_args.tools, script_args.tool_settings())  # imports, checks
         from maxent_grpo.rewards.environments import (  # imports transformers
             get_environment,
             reward_names,
@@ -65,12 +69,14 @@ def check_rewards(script_args, training_args) -> None:
             f"({', '.join(names) or 'none'}); give one weight per reward function (the "
             "environment's get_reward has weight 1)"
         )
+    return tools, environment
 
 
-def check_context(script_args, training_args, model_args) -> None:
+def check_context(script_args, training_args, model_args, tools=(), environment=None) -> None:
     """Server mode with vllm_max_model_length: the longest prompt (measured on a builtin or
-    local dataset with the policy's tokenizer; a hub one is not read) plus what each turn asks
-    for fits it (rewards/context.py)."""
+    local dataset with the policy's tokenizer and the schemas of `tools` and `environment`, as
+    check_rewards resolved them; a hub one is not read) plus what each turn asks for fits it
+    (rewards/context.py)."""
     limit = training_args.vllm_max_model_length
     if not (training_args.use_vllm and training_args.vllm_mode == "server" and limit):
         return
@@ -80,25 +86,14 @@ def check_context(script_args, training_args, model_args) -> None:
         longest_prompt,
         schema_tools,
     )
-    from maxent_grpo.rewards.environments import get_environment  # imports transformers
-    from maxent_grpo.rewards.tools import get_tools  # imports transformers on a custom tool
 
     name = script_args.dataset_name
     prompt, how = 0, "not measured: a hub dataset or mixture is read when training starts"
     if not script_args.dataset_mixture and name and source_kind(name) != "hub":
         from transformers import AutoTokenizer  # seconds
 
-        tools = get_tools(script_args.tools, script_args.tool_settings())
-        environment = get_environment(script_args.environment, script_args.tool_settings())
-        import datasets
-
-        bars_were_on = datasets.is_progress_bar_enabled()
-        datasets.disable_progress_bars()  # a check prints its verdict only
-        try:
+        with _no_progress_bars():
             rows = load_datasets(script_args)["train"]["prompt"]
-        finally:
-            if bars_were_on:
-                datasets.enable_progress_bars()
         tokenizer = AutoTokenizer.from_pretrained(  # as the trainers load it (train/entry.py)
             model_args.model_name_or_path,
             revision=model_args.model_revision,
@@ -106,7 +101,7 @@ def check_context(script_args, training_args, model_args) -> None:
         )
         if training_args.chat_template is not None:
             tokenizer.chat_template = training_args.chat_template
-        prompt = longest_prompt(rows, tokenizer, schema_tools(tools, environment))
+        prompt = longest_prompt(rows, tokenizer, schema_tools(list(tools), environment))
         how = f"measured over {len(rows)} rows of {name}"
     iterations = training_args.max_tool_calling_iterations
     multi_turn = bool(script_args.tools or script_args.environment) and iterations != 0
@@ -116,19 +111,25 @@ def check_context(script_args, training_args, model_args) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def _check_columns(script_args, mixture) -> None:
-    import datasets
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """A check prints its verdict only: no "Generating train split" bars around the one line."""
+    import datasets  # seconds
 
-    from maxent_grpo.data import preflight_columns  # imports datasets: seconds
-
-    # A check prints its verdict only: no "Generating train split" bars around the one line.
     bars_were_on = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
-        preflight_columns(dataclasses.replace(script_args, dataset_mixture=mixture))
+        yield
     finally:
         if bars_were_on:
             datasets.enable_progress_bars()
+
+
+def _check_columns(script_args, mixture) -> None:
+    from maxent_grpo.data import preflight_columns  # imports datasets: seconds
+
+    with _no_progress_bars():
+        preflight_columns(dataclasses.replace(script_args, dataset_mixture=mixture))
 
 
 def check_recipe(recipe: Recipe) -> Recipe:
@@ -143,7 +144,7 @@ def check_recipe(recipe: Recipe) -> Recipe:
     script, training = recipe.script, recipe.training
     rl = recipe.method in RL_METHODS  # SFT has no rewards, reference, benchmarks or server
     with collecting(recipe.path) as problems:
-        mixture = None
+        mixture, resolved = None, ((), None)
         if script is not None:
             with problems.check("dataset_mixture"):
                 mixture = parse_mixture(script.dataset_mixture, "recipe")
@@ -152,7 +153,7 @@ def check_recipe(recipe: Recipe) -> Recipe:
                 check_model_path(recipe.model.model_name_or_path)
         if rl and script is not None and training is not None:
             with problems.check("reward_funcs", "reward_weights"):
-                check_rewards(script, training)
+                resolved = check_rewards(script, training)
         if recipe.launch is not None:
             with problems.check("accelerate_config"):
                 check_launch(recipe.launch)
@@ -175,7 +176,7 @@ def check_recipe(recipe: Recipe) -> Recipe:
             and not problems.failed("dataset_name", "reward_funcs", "model_name_or_path")
         ):
             with problems.check("vllm_max_model_length"):
-                check_context(script, training, recipe.model)
+                check_context(script, training, recipe.model, *resolved)
         if rl and script is not None and training is not None:
             with problems.check("benchmarks"):
                 check_benchmarks(script, training)
