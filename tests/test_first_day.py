@@ -43,6 +43,10 @@ def test_a_resume_keeps_the_settings_the_run_started_with(tmp_path, tiny_model):
         reward_funcs=["digit_fraction", STOP],
         reward_weights=[1.0, 0.0],
         env={"OMP_NUM_THREADS": "1"},
+        # One trainer: what is checked is which settings a resume takes, not how many
+        # processes train (2-process resumes: test_state_registry.py); a trainer's start is
+        # ~8 CPU-s of imports per launch.
+        num_processes=1,
     )
     out = tmp_path / "out"
     stop = dict(MAXENT_GRPO_TEST_STOP_AT="2", MAXENT_GRPO_TEST_STOP_DIR=str(out))
