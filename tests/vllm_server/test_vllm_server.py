@@ -1,14 +1,14 @@
 """A real vLLM server (CPU build) on the tiny model, and GRPO training against it.
 
-One server for the whole module (starting one costs 30-75 s on CPU), started exactly as the
-launcher starts it: plan.make_plan -> server.VLLMServer.
+The session's disk-sync server (shared_servers.py; starting one costs 30-75 s on CPU), started
+exactly as the launcher starts it (plan.make_plan -> server.VLLMServer) for a recipe with these
+server keys; the module's recipe would start the very same server.
 """
 
 from __future__ import annotations
 
 import http.client
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,14 +16,12 @@ from types import SimpleNamespace
 import pytest
 import requests
 import torch
+from shared_servers import SHARED_KEYS, plan_on
 
-from helpers.procs import wait_until_gone
 from helpers.recipes import SMOKE_VLLM, write_recipe
 from helpers.runs import REPO, child_env, log_history
-from maxent_grpo.launch.plan import Environment, Ports, make_plan
-from maxent_grpo.launch.processes import free_port
-from maxent_grpo.launch.server import VLLMServer
 from maxent_grpo.recipe import read_recipe
+from maxent_grpo.train.vllm_sync import reload_weights
 from maxent_grpo.vllm_health import probe
 
 pytestmark = pytest.mark.vllm
@@ -38,8 +36,9 @@ def measured(name: str, value: float, unit: str = "s") -> None:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_model):
-    """(plan, url, model id, tmp dir): a CPU vLLM server for the recipe this module trains."""
+def served(tmp_path_factory, tiny_model, disk_server):
+    """(plan, url, model id, tmp dir): the session's disk-sync server, and the plan of the
+    recipe this module trains (which would start the very same server)."""
     tmp = tmp_path_factory.mktemp("vllm-server")
     recipe = write_recipe(
         tmp,
@@ -52,34 +51,25 @@ def served(tmp_path_factory, tiny_model):
         reward_funcs=["digit_fraction"],
         reward_weights=[1.0],
         max_completion_length=16,
+        **SHARED_KEYS["disk"],
     )
     request = read_recipe(["--config", str(recipe)]).with_values(
         use_vllm=True,
         vllm_mode="server",
-        vllm_max_model_length=512,
         vllm_server_gpu_memory_utilization=0.1,
         vllm_server_device="cpu",
-        vllm_weight_sync="disk",
         vllm_server_dtype="float32",
         vllm_server_enforce_eager=True,
         vllm_server_timeout=300,
     )
-    ports = Ports(vllm=free_port(), vllm_group=free_port(), main_process=free_port())
-    plan = make_plan(Environment(python=sys.executable), request, ports)
-    server = VLLMServer(plan.server, tmp / "logs" / "test_vllm.log", child_env())
-    server.start()
-    try:
-        took = server.wait_until_healthy()
-        measured("shared server: time to healthy", took)
-        url = plan.server.url
-        model_id = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-        yield SimpleNamespace(plan=plan, url=url, model_id=model_id, tmp=tmp, server=server)
-    finally:
-        start = time.monotonic()
-        server.stop()
-        left, _ = wait_until_gone({server.pid}, timeout=15)
-        measured("shared server: stop", time.monotonic() - start)
-        assert not left, left
+    plan, _ = plan_on(disk_server, request)
+    url = plan.server.url
+    # Earlier tests trained against this server: put the base model back (the same reload
+    # the trainers' disk sync does), so that "before training" means the initial model.
+    reload_weights(SimpleNamespace(base_url=url, session=requests.Session()), tiny_model)
+    assert requests.post(f"{url}/reset_prefix_cache", timeout=30).status_code == 200
+    model_id = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    yield SimpleNamespace(plan=plan, url=url, model_id=model_id, tmp=tmp, server=disk_server)
 
 
 def token_ids(model_dir: Path, text: str = TEXT) -> list[int]:

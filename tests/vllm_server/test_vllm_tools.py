@@ -8,8 +8,9 @@ every turn is a Qwen2.5 `<tool_call>` of `m(6, 7)` or `m(6, 8)` (a small tool wi
 schema: every turn asks the server for max_completion_length tokens after the prompt, which
 holds the tools' schemas, and vllm_max_model_length must hold both). With
 max_tool_calling_iterations 1 the first call runs, its result is appended, the server generates
-a second turn (another call, not run: the limit). Everything else is real: one
-`maxent-grpo run` in server mode, disk weight sync, 2 steps on 2 CPU processes.
+a second turn (another call, not run: the limit). Everything else is real: the launcher's
+trainers in server mode against the session's shared disk-sync server (shared_servers.py; the
+recipe would start the very same one), disk weight sync, 2 steps on 2 CPU processes.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from shared_servers import SHARED_KEYS, plan_on
 
-from helpers.paths import MAXENT_GRPO, REPO
+from helpers.paths import REPO
 from helpers.recipes import SMOKE, SMOKE_VLLM, write_recipe
 from helpers.runs import run
 from helpers.scripted_policy import qwen25_template
@@ -32,7 +34,7 @@ HELPERS = REPO / "tests" / "helpers"
 CALL = r'<tool_call>\n\{"name":"m","arguments":\{"a":6,"b":[78]\}\}\n</tool_call>'
 
 
-def test_tool_episodes_generate_through_the_server(tmp_path, tiny_model):
+def test_tool_episodes_generate_through_the_server(tmp_path, tiny_model, disk_server):
     import yaml
 
     server_keys = {
@@ -45,7 +47,8 @@ def test_tool_episodes_generate_through_the_server(tmp_path, tiny_model):
     recipe = write_recipe(
         tmp_path,
         base=SMOKE,
-        **{**server_keys, "vllm_max_model_length": 1024},  # the tool's schema is in each prompt
+        # The tool's schema is in each prompt: 1024 tokens (the shared server's).
+        **{**server_keys, **SHARED_KEYS["disk"]},
         vllm_structured_outputs_regex=CALL,
         model_name_or_path=str(tiny_model),
         system_prompt="Be brief.",  # shorter than the template's default system message
@@ -65,8 +68,8 @@ def test_tool_episodes_generate_through_the_server(tmp_path, tiny_model):
         max_steps=2,
         save_steps=1000,
     )
-    command = [MAXENT_GRPO, "run", "--config", str(recipe), "--logs-dir", str(tmp_path / "logs")]
-    result = run(command, timeout=900)
+    plan, env = plan_on(disk_server, recipe)
+    result = run(list(plan.train.command), timeout=900, **env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert run_is_complete(out)
     steps = {
