@@ -2,35 +2,30 @@
 the server generates the next step's completions while the trainers train, a stop saves the
 completions in flight, and the resumed run trains its first step on them.
 
-One server (started as the launcher starts it: plan.make_plan -> server.VLLMServer, with
-runtime LoRA) serves three attempts on 2 CPU processes: a run stopped at step 4 (the stop
-file, as a time limit does), its resume to step 7, and a resume from a copy of the checkpoint
-without the saved completions. Only the adapter goes to the server (`vllm_weight_sync: lora`).
-`oversample_factor: 1.5` with 2 groups a process: each first round generates 3 groups, the
-surplus is carried over, and every third step is filled by carried groups alone (steps 3 and
-6: no generation). The next request is sent once the step's rounds are decided, for the next
-first round's own and extra prompts, so every step that generates (after the first) trains on
-completions made ahead. That the resumed steps equal an uninterrupted run's, with seeded
-sampling, is tests/slurm/test_async_preemption.py.
+The session's shared LoRA server (shared_servers.py: started as the launcher starts it, with
+runtime LoRA; this recipe would start the same one) serves three attempts on 2 CPU processes:
+a run stopped at step 4 (the stop file, as a time limit does), its resume to step 7, and a
+resume from a copy of the checkpoint without the saved completions. Only the adapter goes to
+the server (`vllm_weight_sync: lora`). `oversample_factor: 1.5` with 2 groups a process: each
+first round generates 3 groups, the surplus is carried over, and every third step is filled by
+carried groups alone (steps 3 and 6: no generation). The next request is sent once the step's
+rounds are decided, for the next first round's own and extra prompts, so every step that
+generates (after the first) trains on completions made ahead. That the resumed steps equal an
+uninterrupted run's, with seeded sampling, is tests/slurm/test_async_preemption.py.
 """
 
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 
 import pytest
 import torch
+from shared_servers import plan_on
 
-from helpers.procs import wait_until_gone
 from helpers.recipes import SMOKE_VLLM, write_recipe
 from helpers.resume import assert_resumed_from, event_count
-from helpers.runs import child_env, run
-from maxent_grpo.launch.plan import Environment, Ports, make_plan
-from maxent_grpo.launch.processes import free_port
-from maxent_grpo.launch.server import VLLMServer
-from maxent_grpo.recipe import read_recipe
+from helpers.runs import run
 from maxent_grpo.rundir.checkpoints import clear_stop_request, last_complete_checkpoint
 from maxent_grpo.rundir.events import read_events
 from maxent_grpo.train.state import STATE_FILE
@@ -58,7 +53,9 @@ def step_metrics(output_dir) -> dict[int, dict]:
     return found
 
 
-def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(tmp_path, tiny_model):
+def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
+    tmp_path, tiny_model, lora_server
+):
     started = time.monotonic()
     part, tampered = tmp_path / "part", tmp_path / "tampered"
     recipe = write_recipe(
@@ -75,43 +72,33 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(tmp_p
         oversample_factor=1.5,
         **LORA,
     )
-    ports = Ports(vllm=free_port(), vllm_group=free_port(), main_process=free_port())
-    plan = make_plan(
-        Environment(python=sys.executable), read_recipe(["--config", str(recipe)]), ports
-    )
+    plan, train_env = plan_on(lora_server, recipe)
     assert "--enable-lora" in plan.server.command
     out = part / "out"
-    server = VLLMServer(plan.server, tmp_path / "logs" / "vllm.log", child_env()).start()
-    try:
-        server.wait_until_healthy()
-        stop = dict(MAXENT_GRPO_TEST_STOP_AT=str(STOP_AT), MAXENT_GRPO_TEST_STOP_DIR=str(out))
-        env = dict(plan.train.env, **stop)
-        first = run(list(plan.train.command), timeout=900, **env)
-        assert last_complete_checkpoint(out) == out / f"checkpoint-{STOP_AT}", (
-            first.stdout[-4000:] + first.stderr[-2000:]
-        )
-        clear_stop_request(out)  # what the launcher does before the next attempt
-        shutil.copytree(out, tampered / "out")
-        before = event_count(out)
-        second = run(list(plan.train.command), timeout=900, **env)
-        assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-2000:]
+    stop = dict(MAXENT_GRPO_TEST_STOP_AT=str(STOP_AT), MAXENT_GRPO_TEST_STOP_DIR=str(out))
+    env = dict(train_env, **stop)
+    first = run(list(plan.train.command), timeout=900, **env)
+    assert last_complete_checkpoint(out) == out / f"checkpoint-{STOP_AT}", (
+        first.stdout[-4000:] + first.stderr[-2000:]
+    )
+    clear_stop_request(out)  # what the launcher does before the next attempt
+    shutil.copytree(out, tampered / "out")
+    before = event_count(out)
+    second = run(list(plan.train.command), timeout=900, **env)
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-2000:]
 
-        # The same checkpoint without the saved completions: its step 5 generates afresh.
-        for path in (tampered / "out" / f"checkpoint-{STOP_AT}").glob("registered_state-*.pt"):
-            saved = torch.load(path, weights_only=True)
-            saved["pieces"]["async_generation"] = {"step": -1}
-            torch.save(saved, path)
-        tampered_recipe = write_recipe(tampered, base=recipe)
-        command = [a if a != str(recipe) else str(tampered_recipe) for a in plan.train.command]
-        tampered_before = event_count(tampered / "out")
-        third = run(command, timeout=900, **dict(plan.train.env))
-        assert third.returncode == 0, third.stdout[-4000:] + third.stderr[-2000:]
-    finally:
-        server.stop()
-        left, _ = wait_until_gone({server.pid}, timeout=15)
+    # The same checkpoint without the saved completions: its step 5 generates afresh.
+    for path in (tampered / "out" / f"checkpoint-{STOP_AT}").glob("registered_state-*.pt"):
+        saved = torch.load(path, weights_only=True)
+        saved["pieces"]["async_generation"] = {"step": -1}
+        torch.save(saved, path)
+    tampered_recipe = write_recipe(tampered, base=recipe)
+    command = [a if a != str(recipe) else str(tampered_recipe) for a in plan.train.command]
+    tampered_before = event_count(tampered / "out")
+    third = run(command, timeout=900, **train_env)
+    assert third.returncode == 0, third.stdout[-4000:] + third.stderr[-2000:]
     took = time.monotonic() - started
-    print(f"\nMEASURED async generation, 3 attempts on 1 vLLM CPU server: {took:.0f}s")
-    assert not left, left
+    print(f"\nMEASURED async generation, 3 attempts on the shared vLLM CPU server: {took:.0f}s")
 
     # No step lost: the resumed attempt ran exactly steps 5 to 7.
     log = second.stdout + second.stderr

@@ -2,29 +2,25 @@
 server (vLLM's runtime LoRA loading), the server's completions come from it, and a run stopped
 at a checkpoint and resumed sends the checkpoint's adapter before its first generation.
 
-One server (started as the launcher starts it: plan.make_plan -> server.VLLMServer) serves both
-attempts of one run: the resumed trainer finds it holding the adapter of the stopped attempt's
-last sync (one step older than the checkpoint), so a resume that did not push the checkpoint's
-adapter would show in TRL's logprob check at once.
+The session's shared LoRA server (shared_servers.py: started as the launcher starts it; this
+recipe would start the same one) serves both attempts of one run: the resumed trainer finds it
+holding the adapter of the stopped attempt's last sync (one step older than the checkpoint),
+so a resume that did not push the checkpoint's adapter would show in TRL's logprob check at
+once.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from shared_servers import plan_on
 
 from helpers.lora import max_logprob_change
-from helpers.procs import wait_until_gone
 from helpers.recipes import SMOKE_VLLM, write_recipe
 from helpers.resume import assert_resumed_from, event_count
-from helpers.runs import child_env, run, step_logs
-from maxent_grpo.launch.plan import Environment, Ports, make_plan
-from maxent_grpo.launch.processes import free_port
-from maxent_grpo.launch.server import VLLMServer
-from maxent_grpo.recipe import read_recipe
+from helpers.runs import run, step_logs
 from maxent_grpo.rundir.checkpoints import (
     clear_stop_request,
     last_complete_checkpoint,
@@ -35,7 +31,9 @@ from maxent_grpo.train.vllm_sync import LORA_DIRNAME
 pytestmark = pytest.mark.vllm
 
 
-def test_lora_sync_sends_the_adapter_resumes_and_the_server_generates_with_it(tmp_path, tiny_model):
+def test_lora_sync_sends_the_adapter_resumes_and_the_server_generates_with_it(
+    tmp_path, tiny_model, lora_server
+):
     started = time.monotonic()
     out = tmp_path / "out"
     recipe = write_recipe(
@@ -62,31 +60,21 @@ def test_lora_sync_sends_the_adapter_resumes_and_the_server_generates_with_it(tm
         max_steps=4,
         save_steps=1000,  # the only checkpoint before the end is the stop's
     )
-    ports = Ports(vllm=free_port(), vllm_group=free_port(), main_process=free_port())
-    plan = make_plan(
-        Environment(python=sys.executable), read_recipe(["--config", str(recipe)]), ports
-    )
+    plan, train_env = plan_on(lora_server, recipe)
     assert "--enable-lora --max-lora-rank 8" in " ".join(plan.server.command)
     assert plan.server.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
-    server = VLLMServer(plan.server, tmp_path / "logs" / "vllm.log", child_env()).start()
-    try:
-        server.wait_until_healthy()
-        env = dict(plan.train.env, MAXENT_GRPO_TEST_STOP_AT="2", MAXENT_GRPO_TEST_STOP_DIR=str(out))
-        first = run(list(plan.train.command), timeout=900, **env)
-        assert last_complete_checkpoint(out) == out / "checkpoint-2", (
-            first.stdout[-4000:] + first.stderr[-2000:]
-        )
-        assert not run_is_complete(out)
-        clear_stop_request(out)  # what the launcher does before the next attempt
-        before = event_count(out)
-        second = run(list(plan.train.command), timeout=900, **env)
-        assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-2000:]
-    finally:
-        server.stop()
-        left, _ = wait_until_gone({server.pid}, timeout=15)
+    env = dict(train_env, MAXENT_GRPO_TEST_STOP_AT="2", MAXENT_GRPO_TEST_STOP_DIR=str(out))
+    first = run(list(plan.train.command), timeout=900, **env)
+    assert last_complete_checkpoint(out) == out / "checkpoint-2", (
+        first.stdout[-4000:] + first.stderr[-2000:]
+    )
+    assert not run_is_complete(out)
+    clear_stop_request(out)  # what the launcher does before the next attempt
+    before = event_count(out)
+    second = run(list(plan.train.command), timeout=900, **env)
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-2000:]
     took = time.monotonic() - started
-    print(f"\nMEASURED LoRA sync, 2 attempts on 1 vLLM CPU server (4 steps): {took:.0f}s")
-    assert not left, left
+    print(f"\nMEASURED LoRA sync, 2 attempts on the shared vLLM CPU server (4 steps): {took:.0f}s")
     assert run_is_complete(out)
     assert_resumed_from(out, before, checkpoint=2, max_steps=4, log=second.stdout + second.stderr)
 
