@@ -23,6 +23,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import yaml
 from bench_async import run_once, shared_server
 from benchlib import SMOKE_VLLM, Measurement, bench_parser, figure, print_figures
 
@@ -141,11 +142,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="seeds first-seed, first-seed+1, ..."
+    )
     parser.add_argument("--window", type=int, default=20, help="steps in the first/final window")
     parser.add_argument("--sides", default="sync,async", help="comma-separated: sync,async")
     parser.add_argument("--learning-rate", type=float, default=LEARNING["learning_rate"])
     parser.add_argument(
         "--smoke-rewards", action="store_true", help="the recipe's own reward mix instead"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe key for every run (YAML value), e.g. "
+        "vllm_importance_sampling_mode=token_truncate",
     )
     args = parser.parse_args(argv)
     sides = args.sides.split(",")
@@ -153,11 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-async-learning-"))
     rewards = {} if args.smoke_rewards else LEARNING
     keys = dict(rewards, learning_rate=args.learning_rate, max_steps=args.steps)
+    for pair in args.set:
+        key, _, value = pair.partition("=")
+        keys[key] = yaml.safe_load(value)
     keys["save_strategy"] = "no"
     keys["per_device_train_batch_size"] = 8  # the smoke recipe's 8 completions, 1 process
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     with shared_server(workdir, 1, keys) as plan_for:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for side in sides if seed % 2 == 0 else sides[::-1]:
                 run_keys = {**keys, "seed": seed, "async_generation": side == "async"}
                 run = learning_run(workdir, f"{side}-{seed}", plan_for, run_keys, args.window)
@@ -175,7 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     figures, line = verdict_figures(runs) if set(sides) == {"sync", "async"} else ([], "")
     print_figures(figures)
     print(line, flush=True)
-    settings = {**keys, "seeds": args.seeds, "window": args.window, "sides": sides}
+    settings = {
+        **keys,
+        "seeds": args.seeds,
+        "first_seed": args.first_seed,
+        "window": args.window,
+        "sides": sides,
+    }
     measurement.finish(figures, settings, verdict=line, curves=curves, runs=runs)
     return 0
 
