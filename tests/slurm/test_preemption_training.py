@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 from test_training_slurm import (
+    FRESH,
     KEYS,
+    RESUME_STEPS,
     assert_same_weights,
     local_reference_run,
     sbatch_training,
@@ -31,10 +33,12 @@ from helpers.recipes import small_recipe
 pytestmark = pytest.mark.slurm
 
 GRACE_S = 30  # GraceTime of the debug partition
-# Steps of at least 0.2 s (a reward that sleeps): preempted after step 5, the first attempt
-# does at most 5 + GRACE_S / 0.2 = 155 steps before it stops, however quiet the machine is.
-STEPS = 200
-SLOW = "tests.helpers.slow_rewards:slow_digit_fraction"
+# Steps of at least 0.7 s in the first attempt (a reward that sleeps there, and only there):
+# preempted after step 5, it does at most 5 + GRACE_S / 0.7 = 48 steps before it stops, however
+# quiet the machine is, and cannot finish the 100 within 66 s of step 5. The resumed attempt
+# trains the rest at full speed; the reference run is shared with test_training_slurm's requeue
+# tests.
+STEPS = RESUME_STEPS
 CPUS = 20  # of the node's 32 declared CPUs: the high job's 20 do not fit beside it
 
 
@@ -52,14 +56,13 @@ def last_step(out: Path) -> int:
 
 def test_preempted_training_checkpoints_requeues_resumes_and_loses_no_step(slurm_cluster, tmp_path):
     out = tmp_path / "out"
-    slow = dict(reward_funcs=[SLOW], reward_weights=None)
-    path = small_recipe(tmp_path, **KEYS, **slow, max_steps=STEPS)
+    path = small_recipe(tmp_path, **KEYS, **FRESH, max_steps=STEPS)
     job = sbatch_training(
         slurm_cluster,
         tmp_path,
         path,
         *(f"--cpus-per-task={CPUS}", "--gres=gpu:0", "--requeue"),
-        "--export=ALL,SLOW_REWARD_AFTER_STEP=0,SLOW_REWARD_S=0.2",
+        "--export=ALL,FRESH_START_REWARD_S=0.7",
     )
     wait_for(lambda: last_step(out) >= 5, 240, "training to reach step 5")
 
@@ -97,22 +100,22 @@ def test_preempted_training_checkpoints_requeues_resumes_and_loses_no_step(slurm
     assert len(logs) == 2, logs
     assert f"Stopped on request after step {saved}" in logs[0].read_text()
     assert f"Resuming from {out / f'checkpoint-{saved}'}" in logs[1].read_text()
-    reference = local_reference_run(tmp_path, **slow, max_steps=STEPS)
+    reference = local_reference_run(tmp_path, **FRESH, max_steps=STEPS)
     assert_same_weights(out, reference)
 
 
 def test_time_limit_signal_is_a_time_limit_outcome_and_requeues(slurm_cluster, tmp_path):
     """What `--signal=B:USR1@N` sends before the time limit, sent now: the attempt is a
-    `time_limit`, requeued by the launcher, and the run completes."""
+    `time_limit`, requeued by the launcher, and the run completes. One trainer process (the
+    tests above stop two at one step boundary); steps of 0.5 s or more until the requeue."""
     out = tmp_path / "out"
-    slow = dict(reward_funcs=[SLOW], reward_weights=None)
-    path = small_recipe(tmp_path, **KEYS, **slow, max_steps=40)
+    path = small_recipe(tmp_path, **KEYS, **FRESH, max_steps=40, num_processes=1)
     job = sbatch_training(
         slurm_cluster,
         tmp_path,
         path,
         *("--cpus-per-task=4", "--gres=gpu:0", "--requeue"),
-        "--export=ALL,SLOW_REWARD_AFTER_STEP=0,SLOW_REWARD_S=0.2",
+        "--export=ALL,FRESH_START_REWARD_S=0.5",
     )
     wait_for(lambda: last_step(out) >= 3, 240, "training to reach step 3")
     slurm_cluster.run(["scancel", "--batch", "--signal=USR1", job])
@@ -126,9 +129,10 @@ def test_time_limit_signal_is_a_time_limit_outcome_and_requeues(slurm_cluster, t
 def test_a_permanent_failure_in_an_array_is_not_retried(slurm_cluster, tmp_path):
     """Out of memory in the first task of an array (torch.OutOfMemoryError from a failpoint,
     see tests/reliability/test_failure_classes.py): the later tasks exit at once with the
-    same line instead of training again."""
+    same line instead of training again. One trainer process: what is classified is the one
+    failure, not how many processes had it."""
     out = tmp_path / "out"
-    path = small_recipe(tmp_path, **KEYS, max_steps=40)
+    path = small_recipe(tmp_path, **KEYS, max_steps=40, num_processes=1)
     job = sbatch_training(
         slurm_cluster,
         tmp_path,

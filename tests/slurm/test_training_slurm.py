@@ -53,8 +53,23 @@ def weights(path: Path) -> dict:
     return load_file(str(path / "model.safetensors"))
 
 
+# A reward that sleeps only in an attempt that started from step 0 (FRESH_START_REWARD_S, given
+# to the job alone): the first attempt idles while Slurm's signal, grace time or kill comes, the
+# resumed one trains at full speed. The requeue tests share these keys, so one reference serves.
+FRESH = dict(
+    reward_funcs=["tests.slurm.fresh_start_rewards:digit_fraction_slow_fresh_start"],
+    reward_weights=None,
+)
+RESUME_STEPS = 100
+_REFERENCES: dict[str, Path] = {}
+
+
 def local_reference_run(tmp_path: Path, **overrides) -> Path:
-    """The same recipe run without Slurm, uninterrupted: the result to compare against."""
+    """The same recipe run without Slurm, uninterrupted: the result to compare against. Run
+    once per set of keys in a session (the tests that compare with it share it)."""
+    key = repr(sorted(overrides.items()))
+    if key in _REFERENCES:
+        return _REFERENCES[key]
     folder = tmp_path / "reference"
     folder.mkdir()
     path = small_recipe(folder, **KEYS, **overrides)
@@ -66,6 +81,7 @@ def local_reference_run(tmp_path: Path, **overrides) -> Path:
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    _REFERENCES[key] = folder / "out"
     return folder / "out"
 
 
@@ -95,10 +111,16 @@ def elapsed_s(record: dict[str, str]) -> int:
 
 
 def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluster, tmp_path):
-    steps = 400
-    path = small_recipe(tmp_path, **KEYS, max_steps=steps)
+    # The first attempt's steps take 1 s or more (it sleeps): 100 steps outlast the signal's
+    # wait below (at most 50 s) whatever the load; the resumed attempt trains the rest at once.
+    steps = RESUME_STEPS
+    path = small_recipe(tmp_path, **KEYS, **FRESH, max_steps=steps)
     job = sbatch_training(
-        slurm_cluster, tmp_path, path, "--time=10", "--signal=B:USR1@100", "--requeue"
+        slurm_cluster,
+        tmp_path,
+        path,
+        *("--time=10", "--signal=B:USR1@100", "--requeue"),
+        "--export=ALL,FRESH_START_REWARD_S=1",
     )
     # Slurm sends the signal at the first 30 s tick at which the time left is at most 100 + 30 s,
     # so a short limit from the start could signal the job before training starts. Shorten the
@@ -138,16 +160,18 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluste
     ]
     assert not left, left
 
-    reference = local_reference_run(tmp_path, max_steps=steps)
+    reference = local_reference_run(tmp_path, **FRESH, max_steps=steps)
     assert_same_weights(tmp_path / "out", reference)
 
 
 def test_array_retry_resumes_after_hard_kill_and_later_tasks_exit_at_once(slurm_cluster, tmp_path):
-    # The kill comes within a poll (0.5 s) of checkpoint-20: 100 more steps (12 s or more)
-    # keep the first task mid-training; the second trains them after its resume.
-    steps = 120
-    path = small_recipe(tmp_path, **KEYS, max_steps=steps, save_steps=20)
-    job = sbatch_training(slurm_cluster, tmp_path, path, "--array=0-2%1")
+    # The kill comes within a poll (0.5 s) of checkpoint-20: 20 more steps of 1 s or more (the
+    # first task sleeps in each) keep it mid-training; the second trains them after its resume.
+    steps = 40
+    path = small_recipe(tmp_path, **KEYS, **FRESH, max_steps=steps, save_steps=20)
+    job = sbatch_training(
+        slurm_cluster, tmp_path, path, "--array=0-2%1", "--export=ALL,FRESH_START_REWARD_S=1"
+    )
     out_dir = tmp_path / "out"
     wait_for(
         lambda: list(out_dir.glob("checkpoint-*/maxent_grpo_complete.json")),
@@ -204,9 +228,10 @@ def test_bad_recipe_is_rejected_before_queueing(slurm_cluster, tmp_path, bad, na
 
 def test_submitit_preempted_job_requeues_resumes_and_completes(slurm_cluster, tmp_path):
     # The signal goes out once step 1 is logged and reaches the trainers within a second or
-    # two; 100 steps (15-30 s here) keep it mid-training. The reference run repeats them all.
-    steps = 100
-    path = small_recipe(tmp_path, **KEYS, max_steps=steps)
+    # two; 100 steps (15-30 s here) keep it mid-training. The reference run (shared with the
+    # time-limit test: the same keys) repeats them all.
+    steps = RESUME_STEPS
+    path = small_recipe(tmp_path, **KEYS, **FRESH, max_steps=steps)
     result = subprocess.run(
         [
             MAXENT_GRPO,
@@ -223,7 +248,8 @@ def test_submitit_preempted_job_requeues_resumes_and_completes(slurm_cluster, tm
             str(tmp_path / "logs"),
         ],
         cwd=REPO,
-        env={**slurm_cluster.env, "OMP_NUM_THREADS": "1"},
+        # Steps of 0.5 s or more in the first attempt: the signal finds it mid-training.
+        env={**slurm_cluster.env, "OMP_NUM_THREADS": "1", "FRESH_START_REWARD_S": "0.5"},
         capture_output=True,
         text=True,
         timeout=120,
@@ -246,7 +272,7 @@ def test_submitit_preempted_job_requeues_resumes_and_completes(slurm_cluster, tm
     assert "Stopped on request after step" in logs[0].read_text()
     assert "Resuming from" in logs[1].read_text()
     assert (tmp_path / "out" / "maxent_grpo_training_complete.json").is_file()
-    assert_same_weights(tmp_path / "out", local_reference_run(tmp_path, max_steps=steps))
+    assert_same_weights(tmp_path / "out", local_reference_run(tmp_path, **FRESH, max_steps=steps))
 
 
 @pytest.fixture(autouse=True)
