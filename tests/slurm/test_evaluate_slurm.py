@@ -18,7 +18,7 @@ from maxent_grpo.rundir.events import read_events
 
 BENCHMARKS = [
     {"name": "arithmetic", "num_examples": 8, "max_new_tokens": 16},
-    # digit_fraction is what the smoke recipe trains on: a score that can move in 60 steps.
+    # digit_fraction is what the run trains on: a score that can move as it trains.
     {
         "name": "digits",
         "dataset": "builtin:arithmetic",
@@ -31,6 +31,9 @@ BENCHMARKS = [
         "max_new_tokens": 16,
     },
 ]
+
+
+STEPS = 30  # checkpoints (and evaluations) at 10, 20, 30
 
 
 def _events(out: Path, kind: str) -> list[dict]:
@@ -48,20 +51,27 @@ def _slurm_out(tmp_path: Path) -> str:
 
 
 def test_one_evaluation_job_per_checkpoint_and_none_twice_after_a_requeue(slurm_cluster, tmp_path):
+    # One trainer process (what is evaluated does not depend on how many trained it). Steps of
+    # 0.5 s or more until the requeue (a reward that sleeps in a fresh start only): the requeue
+    # after checkpoint-10's evaluation is queued finds the first attempt mid-run.
     path = write_recipe(
         tmp_path,
         dataset_num_rows=256,
         max_completion_length=16,
-        max_steps=60,
-        save_steps=20,
+        max_steps=STEPS,
+        save_steps=10,
         save_total_limit=None,
+        num_processes=1,
+        reward_funcs=["tests.slurm.fresh_start_rewards:digit_fraction_slow_fresh_start"],
+        reward_weights=None,
         benchmarks=BENCHMARKS,
         benchmark_gpus=0,
         benchmark_cpus=1,
         benchmark_time=10,
     )
     out = tmp_path / "out"
-    args = ["--cpus-per-task=4", f"--output={tmp_path}/slurm_%j.out"]
+    args = ["--cpus-per-task=4", "--export=ALL,FRESH_START_REWARD_S=0.5"]
+    args += [f"--output={tmp_path}/slurm_%j.out"]
     args += [f"--error={tmp_path}/slurm_%j.err", "training.sh"]  # not the repository's logs/
     args += ["--config", str(path), "--logs-dir", str(tmp_path / "logs")]
     job = slurm_cluster.submit(args, cwd=REPO)
@@ -84,7 +94,7 @@ def _run_and_check(slurm_cluster, tmp_path: Path, out: Path, job: str) -> None:
     events = list(read_events(out))
     assert len(_events(out, "attempt_start")) >= 2  # it was requeued
     steps = ledger.checkpoint_steps(events)
-    assert steps[-1] == 60 and {20, 40, 60} <= set(steps)
+    assert steps[-1] == STEPS and {10, 20, STEPS} <= set(steps)
     submits = _events(out, "eval_submit")
     assert sorted(e["step"] for e in submits) == steps  # one job per checkpoint, none twice
     jobs = [e["job"] for e in submits]
@@ -114,7 +124,7 @@ def _run_and_check(slurm_cluster, tmp_path: Path, out: Path, job: str) -> None:
     )
     (info,) = json.loads(runs.stdout)
     for name in ("arithmetic", "digits"):
-        assert info["evals"][name] == {"step": 60, "score": scores[(name, 60)]["score"]}
+        assert info["evals"][name] == {"step": STEPS, "score": scores[(name, STEPS)]["score"]}
     assert info["evals_queued"] == 0
     png = tmp_path / "plot.png"
     subprocess.run([MAXENT_GRPO, "plot", str(out), "--out", str(png)], check=True, timeout=120)
