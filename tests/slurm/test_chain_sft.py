@@ -22,10 +22,11 @@ SMOKE_SFT = REPO / "recipes" / "smoke" / "config_sft.yaml"
 def test_sft_then_grpo_chain_starts_grpo_from_the_sft_model(slurm_cluster, tmp_path):
     sft_dir, grpo_dir = tmp_path / "sft", tmp_path / "grpo"
     sft = tmp_path / "sft.yaml"
-    sft_keys = dict(output_dir=str(sft_dir), max_steps=4, dataset_num_rows=64, **ONE_THREAD)
+    one = dict(**ONE_THREAD, num_processes=1)  # the chain is the same with one trainer process
+    sft_keys = dict(output_dir=str(sft_dir), max_steps=4, dataset_num_rows=64, **one)
     sft.write_text(yaml.safe_dump({**yaml.safe_load(SMOKE_SFT.read_text()), **sft_keys}))
     grpo = small_recipe(
-        tmp_path, name="grpo.yaml", **ONE_THREAD, output_dir=str(grpo_dir), init_from=str(sft_dir)
+        tmp_path, name="grpo.yaml", **one, output_dir=str(grpo_dir), init_from=str(sft_dir)
     )
     _, jobs = sbatch_chain(slurm_cluster, tmp_path, sft, grpo)
     assert slurm_cluster.wait(jobs[0], timeout=600, poll=2) == "COMPLETED", slurm_logs(tmp_path)

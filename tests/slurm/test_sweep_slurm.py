@@ -42,6 +42,7 @@ def test_sweep_2x2_array_one_point_fails_the_others_finish(slurm_cluster, tmp_pa
     recipe = small_recipe(
         tmp_path,
         **ONE_THREAD,
+        num_processes=1,  # a trainer process per point is enough to tell the points apart
         max_steps=2,
         max_completion_length=8,
         reward_funcs=["digit_fraction", "tests.helpers.sweep_rewards:constant"],
@@ -142,11 +143,12 @@ def test_chain_runs_the_second_job_from_the_first_runs_model(slurm_cluster, tmp_
     """`sbatch --config A --chain B`: B waits (Dependency) until A finished, then starts from
     A's final model (B's init_from names A's run directory, which does not exist yet)."""
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
-    first = small_recipe(tmp_path, name="a.yaml", **ONE_THREAD, output_dir=str(first_dir))
+    one = dict(**ONE_THREAD, num_processes=1)  # the chain is the same with one trainer process
+    first = small_recipe(tmp_path, name="a.yaml", **one, output_dir=str(first_dir))
     second = small_recipe(
         tmp_path,
         name="b.yaml",
-        **ONE_THREAD,
+        **one,
         output_dir=str(second_dir),
         init_from=str(first_dir),
         max_steps=2,

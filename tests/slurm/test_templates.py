@@ -24,7 +24,8 @@ def submit_template(cluster, tmp_path: Path, template: str, *sbatch_args: str) -
         f"--error={tmp_path}/slurm_%A_%a.err",
         f"slurm/{template}",
         "--config",
-        str(small_recipe(tmp_path, max_steps=6, max_completion_length=16)),
+        # One trainer process: the templates' headers are what is tested, not the training.
+        str(small_recipe(tmp_path, max_steps=6, max_completion_length=16, num_processes=1)),
         "--logs-dir",
         str(tmp_path / "logs"),
     ]
