@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 from test_multinode import _recipe, processes_on
-from test_training_slurm import elapsed_s, sbatch_training, slurm_out, train_logs, wait_for
+from test_training_slurm import (
+    FRESH,
+    RESUME_STEPS,
+    elapsed_s,
+    sbatch_training,
+    slurm_out,
+    train_logs,
+    wait_for,
+)
 
 from helpers.paths import MAXENT_GRPO, REPO, SMOKE_VLLM
 
@@ -83,13 +91,19 @@ def test_time_limit_signal_on_two_nodes_checkpoints_every_rank_and_resumes(
     multinode_cluster, tmp_path, tiny_model
 ):
     cluster = multinode_cluster
-    steps = 300
-    recipe = _small(tmp_path, tiny_model, max_steps=steps)
+    # As on one node (test_training_slurm): steps of 1 s or more in the first attempt only, so
+    # 100 steps outlast the signal's wait whatever the load and the resumed one runs at once.
+    steps = RESUME_STEPS
+    recipe = _small(tmp_path, tiny_model, max_steps=steps, **FRESH)
     job = sbatch_training(
-        cluster, tmp_path, recipe, "--nodes=2", "--time=10", "--signal=B:USR1@100", "--requeue"
+        cluster,
+        tmp_path,
+        recipe,
+        *("--nodes=2", "--time=10", "--signal=B:USR1@100", "--requeue"),
+        "--export=ALL,FRESH_START_REWARD_S=1",
     )
-    # As on one node (test_training_slurm): shorten the limit once training runs, so that the
-    # signal comes mid-training, then give the second attempt room to finish.
+    # Shorten the limit once training runs, so that the signal comes mid-training, then give
+    # the second attempt room to finish.
     wait_for(
         lambda: "'loss'" in "".join(p.read_text(errors="replace") for p in train_logs(tmp_path)),
         240,
