@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers.paths import MAXENT_GRPO, REPO
-from helpers.procs import live_processes, wait_until_gone
+from helpers.procs import LOADED_MARGIN, live_processes, wait_until_gone
 from helpers.recipes import SMOKE_VLLM, write_recipe
 from helpers.runs import child_env, log_history
 from maxent_grpo.rundir.checkpoints import run_is_complete
@@ -146,11 +146,13 @@ def test_server_that_dies_at_start_fails_in_seconds_with_its_log(tmp_path, tiny_
     assert run.returncode == 2, run.text[-6000:]
     started, _ = run.first(r"vLLM server starting")
     measured("server death at start -> launcher exit", run.ended - started)
-    assert run.ended - started < 60  # mostly vLLM's import; far below vllm_server_timeout
     when, match = run.first(r"^error: vLLM server exited with code (\d+) ([\d.]+)s after start")
     assert int(match.group(1)) != 0
     died_after = float(match.group(2))
     measured("server death at start: vLLM's own time to exit", died_after)
+    # vLLM's own time to die is mostly its import (40 s in CI, 90 s at a load of 13): the
+    # launcher's part is what follows, far below the 300 s vllm_server_timeout it must not wait.
+    assert run.ended - started - died_after < 20 + LOADED_MARGIN
     measured("server exit -> error reported, trainers stopped", when - started - died_after)
     assert when - started - died_after < 20  # a poll, the trainers' 3 s grace, teardown
     error_at = [i for i, (_, line) in enumerate(run.lines) if line.startswith("error: vLLM")][0]
