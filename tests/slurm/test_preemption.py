@@ -21,13 +21,16 @@ pytestmark = pytest.mark.slurm
 
 GRACE_S = 30  # GraceTime of the debug partition (tests/slurm/cluster.sh)
 
+# The step's task writes its lines straight into TASK_LOG: through srun's output relay, the
+# line of a task that ends on SIGTERM can be lost (srun may end before it relays it; seen once).
 LOW = """#!/bin/bash
 attempt=${SLURM_RESTART_COUNT:-0}
 echo "attempt $attempt"
 trap 'echo "batch TERM $(date +%s.%N)"' TERM
 if [[ $attempt == 0 ]]; then
     srun --ntasks=1 bash -c \\
-        'trap "echo task TERM \\$(date +%s.%N); exit 0" TERM; echo task ready; sleep 300 & wait' &
+        'trap "echo task TERM \\$(date +%s.%N) >> $TASK_LOG; exit 0" TERM
+         echo task ready >> $TASK_LOG; sleep 300 & wait' &
     wait
     # Keep the allocation until Slurm ends the grace time (bounded by the test's waits).
     for _ in 1 2 3 4 5 6; do sleep 20 & wait; done
@@ -43,9 +46,9 @@ def _times(lines: list[str], prefix: str) -> list[float]:
 
 def test_high_partition_preempts_then_requeues_a_debug_job(slurm_cluster, tmp_path):
     cluster = slurm_cluster
-    out = tmp_path / "low.out"
+    out, task_log = tmp_path / "low.out", tmp_path / "task.log"
     script = tmp_path / "low.sh"
-    script.write_text(LOW)
+    script.write_text(LOW.replace("$TASK_LOG", str(task_log)))
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     # Both jobs ask for the whole node: the high job can only run by preempting the low one.
     whole_node = str(cluster.node_cpus(cluster.nodes[0]))
@@ -53,7 +56,7 @@ def test_high_partition_preempts_then_requeues_a_debug_job(slurm_cluster, tmp_pa
         ["-c", whole_node, "--requeue", "--open-mode=append", "-o", str(out), str(script)], tmp_path
     )
     # The step's task has set its trap (it says so right after).
-    ready = lambda: out.is_file() and "task ready" in out.read_text()  # noqa: E731
+    ready = lambda: task_log.is_file() and "task ready" in task_log.read_text()  # noqa: E731
     wait_for(ready, 30, "the low job's task to set its trap", poll=0.25)
     (record,) = cluster.job_records(low)
     assert record["JobState"] == "RUNNING" and record["Partition"] == "debug", record
@@ -67,7 +70,7 @@ def test_high_partition_preempts_then_requeues_a_debug_job(slurm_cluster, tmp_pa
     assert cluster.wait(low, timeout=60) == "COMPLETED", out.read_text()
 
     lines = out.read_text().splitlines()
-    (task_term,) = _times(lines, "task TERM")
+    (task_term,) = _times(task_log.read_text().splitlines(), "task TERM")
     (batch_term,) = _times(lines, "batch TERM")
     high_start = float(high_out.read_text())
     cluster.timings["preemption: tasks get SIGTERM after (s)"] = task_term - t0
