@@ -5,15 +5,19 @@ training goes on; only when every server is lost for good does training stop."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from maxent_grpo.launch import server_group
 from maxent_grpo.launch.processes import Child, free_port
+from maxent_grpo.launch.sbatch import node_loss_options
 from maxent_grpo.launch.server_group import launch_servers
+from maxent_grpo.launch.slurm import node_down
 from maxent_grpo.launch.watchdog import watch_training
 from maxent_grpo.vllm_health import ServerError
 from test_server import PY, python_command, server_plan
@@ -163,3 +167,77 @@ def test_a_slow_start_is_not_counted_as_silence(tmp_path, monkeypatch):
     finally:
         group.stop()
     assert events == [] and group.healthy_after >= 1.0
+
+
+def test_a_server_on_a_node_slurm_has_down_is_not_restarted(tmp_path, monkeypatch):
+    """A cut node: srun would wait for it. The run goes on with the other server."""
+    asked = []
+    monkeypatch.setattr(
+        server_group, "node_down", lambda node, timeout: asked.append(node) or "DOWN*"
+    )
+    events = Events()
+    plans = (stand_in(), stand_in(die_after=0.3, marker=str(tmp_path / "died-once")))
+    group = launch_servers(plans, tmp_path / "v.log", {"SLURM_JOB_ID": "7"}, events)
+    try:
+        watched = watch_training(trainer(tmp_path, 1.4), group, None, poll=0.1)
+    finally:
+        group.stop()
+    assert watched.code == 0 and watched.server_died is None
+    assert [e for e, _ in events] == ["server_lost"] and asked == ["127.0.0.1"]
+    assert "Slurm has the node DOWN*: not restarted" in group.gone[1]
+    assert not (tmp_path / "v-server1-restart1.log").exists() and group.restarts == [0, 0]
+
+
+def test_a_restart_is_abandoned_when_its_node_goes_down_meanwhile(tmp_path, monkeypatch):
+    """Slurm marks a silent node down some time after the loss (SlurmdTimeout)."""
+    states = iter([None, "IDLE*"])
+    monkeypatch.setattr(server_group, "node_down", lambda node, timeout: next(states, "IDLE*"))
+    events = Events()
+    plans = (stand_in(), stand_in(die_after=0.3, marker=str(tmp_path / "died-once")))
+    group = launch_servers(plans, tmp_path / "v.log", {"SLURM_JOB_ID": "7"}, events)
+    try:
+        watched = watch_training(trainer(tmp_path, 1.4), group, None, poll=0.1)
+    finally:
+        group.stop()
+    assert watched.code == 0 and watched.server_died is None
+    assert [e for e, _ in events] == ["server_lost"], events
+    assert "restart abandoned; Slurm has the node IDLE*" in group.gone[1]
+    assert group.restarts == [0, 1] and group.servers[1].poll() is not None  # stopped
+
+
+def test_no_node_state_is_asked_outside_slurm(tmp_path, monkeypatch):
+    monkeypatch.setattr(server_group, "node_down", lambda node, timeout: "DOWN")
+    group = server_group.ServerGroup((stand_in(),), tmp_path / "v.log", {})
+    assert group._node_down("node1") is None
+
+
+@pytest.mark.parametrize(
+    "state, down",
+    [("IDLE*", True), ("DOWN+NOT_RESPONDING", True), ("MIXED+DRAIN", True), ("ALLOCATED", False)],
+)
+def test_node_down_reads_slurm_s_state_of_the_node(tmp_path, monkeypatch, state, down):
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        f"#!/bin/sh\necho 'NodeName=$4 Arch=x86_64 CoresPerSocket=1 State={state} Weight=1'\n"
+    )
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert node_down("node1") == (state if down else None)
+
+
+def test_node_down_is_bounded_and_unknown_when_slurm_does_not_answer(tmp_path, monkeypatch):
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\nexec sleep 30\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    start = time.monotonic()
+    assert node_down("node1", timeout=0.5) is None
+    assert time.monotonic() - start < 5
+
+
+def test_sbatch_asks_slurm_to_keep_a_job_with_several_servers_when_a_node_fails():
+    def prepared(servers: int):
+        return SimpleNamespace(plan=SimpleNamespace(servers=(object(),) * servers))
+
+    assert node_loss_options(prepared(2)) == ["--no-kill"]
+    assert node_loss_options(prepared(1)) == [] == node_loss_options(prepared(0))

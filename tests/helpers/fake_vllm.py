@@ -2,7 +2,8 @@
 sync use (/health, /v1/models, /v1/completions, /collective_rpc reload_weights,
 /reset_prefix_cache). Each completion is [weights version, the prompt's first token], so a
 test sees which server state answered; the server can be stopped (connection refused) and
-started again on its port with the base weights, as a restarted vLLM comes back."""
+started again on its port with the base weights, as a restarted vLLM comes back. `silent`:
+every request (/health included) waits without an answer, as a node whose network is cut."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class FakeVLLM:
         self.delay = delay  # seconds per completion request
         self.version = BASE_VERSION  # the weights: reload_weights sets it from the path
         self.requests = 0
+        self.silent = False
         self._start(port)
 
     def _start(self, port: int) -> None:
@@ -33,7 +35,12 @@ class FakeVLLM:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _hold(self) -> None:
+                while fake.silent:
+                    time.sleep(0.05)
+
             def do_GET(self):  # noqa: N802 (http.server's naming)
+                self._hold()
                 if self.path == "/health":
                     return self._answer(200, {})
                 if self.path == "/v1/models":
@@ -43,6 +50,7 @@ class FakeVLLM:
             def do_POST(self):  # noqa: N802
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                self._hold()
                 if self.path == "/v1/completions":
                     if body.get("max_tokens", 1) < 1:
                         return self._answer(400, {"error": "max_tokens must be at least 1"})
@@ -79,6 +87,7 @@ class FakeVLLM:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
+        self.silent = False  # lets held requests end
         self.http.shutdown()
         self.http.server_close()
 

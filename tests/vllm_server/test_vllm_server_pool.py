@@ -9,11 +9,13 @@ package, which `make test`'s environment does not have."""
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import pytest
 
 from helpers.fake_vllm import BASE_VERSION, FakeVLLM
+from maxent_grpo.train import server_pool
 from maxent_grpo.train.server_pool import ServerPool, for_each
 from maxent_grpo.train.vllm_sync import _reload_and_reset
 from maxent_grpo.vllm_health import ServerError
@@ -43,11 +45,12 @@ class Events(list):
         self.append((event, fields))
 
 
-def pool_of(fakes: list[FakeVLLM], events=None) -> ServerPool:
+def pool_of(fakes: list[FakeVLLM], events=None, timeout: float = 5) -> ServerPool:
     from trl.generation.vllm_client import VLLMClient  # TRL is slow to import
 
     clients = [VLLMClient(base_url=f.url, connection_timeout=5) for f in fakes]
-    return ServerPool(clients, timeout=5, **({"event": events} if events is not None else {}))
+    extra = {"event": events} if events is not None else {}
+    return ServerPool(clients, timeout=timeout, **extra)
 
 
 def sync(pool: ServerPool, version: int) -> None:
@@ -96,6 +99,50 @@ def test_a_lost_server_s_requests_go_to_the_other_and_it_returns_only_with_the_w
     answer = pool.generate(PROMPTS, **PARAMS)
     assert second.requests > 0
     assert {c[0] for c in answer["completion_ids"]} == {2} != {BASE_VERSION}
+
+
+def test_a_silent_server_is_given_up_long_before_the_request_s_own_bound(servers, monkeypatch):
+    """Its node's network cut: the connection stays open, nothing answers, not even /health.
+    The request's own bound (timeout=60 here, vllm_server_timeout) would hold the step."""
+    monkeypatch.setattr(server_pool, "HEALTH_EVERY_S", 0.1)
+    monkeypatch.setattr(server_pool, "SILENT_S", 0.5)
+    monkeypatch.setattr(server_pool, "PROBE_TIMEOUT", 0.2)
+    events = Events()
+    first, second = servers(0.0, 0.3)
+    pool = pool_of([first, second], events, timeout=60)
+    sync(pool, 1)
+    second.silent = True
+    start = time.monotonic()
+    answer = pool.generate(PROMPTS, **PARAMS)
+    assert time.monotonic() - start < 5
+    assert [c[1] for c in answer["completion_ids"]][::2] == [p[0] for p in PROMPTS]
+    assert pool.live == [0] and [e for e, _ in events] == ["server_lost"]
+    assert "did not answer" in events[0][1]["reason"]
+    start = time.monotonic()
+    sync(pool, 2)  # the next sync: asked whether it is back (no), not waited for
+    assert time.monotonic() - start < 5 and pool.live == [0]
+
+
+def test_a_slow_server_that_answers_health_is_not_lost(servers, monkeypatch):
+    """A long generation is not silence: its /health answers meanwhile."""
+    monkeypatch.setattr(server_pool, "HEALTH_EVERY_S", 0.1)
+    monkeypatch.setattr(server_pool, "SILENT_S", 0.3)
+    pool = pool_of(servers(0.0, 1.0))
+    answer = pool.generate(PROMPTS[:2], **PARAMS)
+    assert pool.live == [0, 1] and len(answer["completion_ids"]) == 4
+
+
+def test_a_weight_sync_to_a_silent_server_is_given_up_too(servers, monkeypatch):
+    monkeypatch.setattr(server_pool, "HEALTH_EVERY_S", 0.1)
+    monkeypatch.setattr(server_pool, "SILENT_S", 0.5)
+    monkeypatch.setattr(server_pool, "PROBE_TIMEOUT", 0.2)
+    first, second = servers(0.0, 0.0)
+    pool = pool_of([first, second], timeout=60)
+    second.silent = True
+    start = time.monotonic()
+    sync(pool, 1)
+    assert time.monotonic() - start < 5
+    assert pool.live == [0] and first.version == 1
 
 
 def test_every_server_lost_fails_the_request_in_one_line(servers):

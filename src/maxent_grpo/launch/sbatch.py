@@ -119,12 +119,22 @@ def sbatch_command(request: RunRequest, args, job_name: str | None = None) -> li
     return command
 
 
+def node_loss_options(prepared: Prepared) -> list[str]:
+    """--no-kill for a plan with several vLLM servers: by default Slurm ends the whole job when
+    one of its nodes fails; with several servers the run can go on without one (the others
+    take its requests, launch/server_group.py). Not for one server: a failed node there ends
+    the run anyway, and Slurm's own end-and-requeue of the job is what resumes it."""
+    return ["--no-kill"] if len(prepared.plan.servers) > 1 else []
+
+
 def submit_sbatch(request: RunRequest, args, command: list[str]) -> str:
-    """Check, then queue; returns the job id. sbatch's own refusal is one line too."""
+    """Check, then queue; returns the job id. sbatch's own refusal is one line too. Adds the
+    plan's node-loss options to `command` (node_loss_options), so the printed command has them."""
     require_slurm("sbatch")
     # full (check_for): a few seconds once on the login node, and a broken reward or column is
     # refused before the job waits in the queue, not when it starts.
-    check_for(request, planned_environment(args.nodes, args.gpus))
+    prepared, _ = check_for(request, planned_environment(args.nodes, args.gpus))
+    command[1:1] = node_loss_options(prepared)
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
         reason = " ".join(result.stderr.split()) or f"exit code {result.returncode}"

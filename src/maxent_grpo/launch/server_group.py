@@ -9,6 +9,11 @@ each start in a log of its own; `server_lost` and `server_back` events record it
 trainers' pool, train/server_pool.py, sends its requests to the others meanwhile and gives it
 the current weights before it takes requests again). Only when no server is left does the
 run stop, as with one server.
+
+A server whose node Slurm marks down or not responding (its network cut, its power lost) is
+not restarted: a step cannot start there and srun would wait for it. It is lost for good and
+the run goes on with the others (a job submitted with --no-kill outlives the node: `maxent-grpo
+sbatch` asks for it when the plan has several servers, launch/sbatch.py).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 
 from maxent_grpo.launch.plan import ServerPlan
 from maxent_grpo.launch.server import VLLMServer
+from maxent_grpo.launch.slurm import node_down
 from maxent_grpo.vllm_health import ServerError, probe
 
 # Restarts of one server within one attempt (each a full vLLM start: model load, warm-up).
@@ -30,6 +36,7 @@ MAX_RESTARTS = 3
 HEALTH_EVERY_S = 5.0
 SILENT_LOST_S = 30.0
 HEALTH_PROBE_S = 2.0  # each probe's own bound: the launcher's loop waits for it
+NODE_STATE_S = 5.0  # scontrol's bound, asked on a loss and every HEALTH_EVERY_S of a restart
 
 
 def _no_event(event: str, **fields) -> None:
@@ -68,6 +75,7 @@ class ServerGroup:
         self.lost_at: dict[int, float] = {}  # index -> when it was found gone
         self.gone: dict[int, str] = {}  # index -> why it is lost for good
         self.event = event
+        self.slurm = bool(environ.get("SLURM_JOB_ID"))  # node states to ask Slurm for
         self.child = _Members(self)
         self.healthy_after: float | None = None  # every server answered, seconds from start
         self._start = time.monotonic()
@@ -132,12 +140,11 @@ class ServerGroup:
     def _lost(self, index: int, server: VLLMServer, why: str) -> None:
         node = server.plan.node
         self.lost_at[index] = time.monotonic()
+        self.next_probe[index] = 0.0  # a restart's first watch asks for its node's state
         self.event("server_lost", node=node, url=server.plan.url, reason=why)
-        if self.restarts[index] >= MAX_RESTARTS:
-            self.gone[index] = (
-                f"{node}: {why}, after {MAX_RESTARTS} restarts (log {server.log_path})"
-            )
-            print(f"vLLM server on {node} {why}; no restart left", flush=True)
+        state = self._node_down(node)
+        if state is not None or self.restarts[index] >= MAX_RESTARTS:
+            self._give_up(index, server, why, state)
             return
         self.restarts[index] += 1
         log = self._log(index, self.restarts[index])
@@ -149,7 +156,31 @@ class ServerGroup:
         fresh = VLLMServer(server.plan, log, server.env)
         self.servers[index] = fresh.start()
 
+    def _node_down(self, node: str) -> str | None:
+        return node_down(node, timeout=NODE_STATE_S) if self.slurm else None
+
+    def _give_up(self, index: int, server: VLLMServer, why: str, state: str | None) -> None:
+        """Lost for good: no restart left, or its node is down (state: Slurm's word)."""
+        node = server.plan.node
+        if state is not None:
+            server.stop(grace=5)  # a restart that was under way there
+            self.gone[index] = f"{node}: {why}; Slurm has the node {state}: not restarted"
+            print(
+                f"vLLM server on {node} {why}; Slurm has the node {state}: not restarted",
+                flush=True,
+            )
+        else:
+            self.gone[index] = f"{node}: {why}, after {MAX_RESTARTS} restarts"
+            print(f"vLLM server on {node} {why}; no restart left", flush=True)
+        self.gone[index] += f" (log {server.log_path})"
+
     def _watch_restart(self, index: int, server: VLLMServer) -> None:
+        now = time.monotonic()
+        if now >= self.next_probe[index]:  # its node went down after the restart began
+            self.next_probe[index] = now + HEALTH_EVERY_S
+            if (state := self._node_down(server.plan.node)) is not None:
+                self._give_up(index, server, "restart abandoned", state)
+                return
         try:
             if not server.check_started():
                 return

@@ -146,6 +146,30 @@ def job_record(job: SlurmJob | None, timeout: float = 10.0) -> dict[str, str] | 
     return parse_record(lines[0])
 
 
+# Node states (`scontrol show node`) in which a step cannot start there: a restart would wait.
+_UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "FUTURE")
+
+
+def node_down(node: str, timeout: float = 10.0) -> str | None:
+    """Slurm's state of `node` when no step can start there (DOWN, DRAIN, FAIL, not responding:
+    `*`), else None, also when scontrol does not answer in `timeout` s (outside Slurm)."""
+    try:
+        result = subprocess.run(
+            ["scontrol", "show", "node", "-o", node],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [line for line in result.stdout.splitlines() if "NodeName=" in line]
+    if result.returncode != 0 or not lines:
+        return None
+    state = parse_record(lines[0]).get("State", "")
+    unusable = state.endswith("*") or any(word in state for word in _UNUSABLE)
+    return state if unusable else None
+
+
 def parse_record(line: str) -> dict[str, str]:
     """One line of `scontrol show job -o` (or `show node -o`) as a dict: KEY=VALUE tokens, split
     at the first '=' (values may hold more); tokens without one are skipped."""

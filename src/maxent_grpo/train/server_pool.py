@@ -9,6 +9,11 @@ SERVERS_VARIABLE) and a ServerPool in place of the one client TRL's VLLMGenerati
   back in prompt order, so the trainer sees one request's answer. A server that refuses the
   connection, times out (the recipe's vllm_server_timeout) or answers 5xx is lost: its chunk
   goes to the others, and the step goes on; with no server left the step fails.
+- A silent server (its node's network cut: no refusal, no reset, an open connection that
+  never answers): while a request is out, the server's /health is asked every HEALTH_EVERY_S;
+  one that has not answered it for SILENT_S is lost at once, without waiting for the request's
+  own bound (vllm_server_timeout, minutes: a long generation is not silence, /health answers
+  during it).
 - Weight sync (disk, lora, nccl): each call goes to every live server in turn, timed per
   server (`last_sync_seconds`), and a server that fails it is lost. Before each sync, lost
   servers that answer /health again (the launcher restarts them, launch/server_group.py)
@@ -26,6 +31,7 @@ over TRL's own client.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -38,6 +44,11 @@ from maxent_grpo.vllm_health import PROBE_TIMEOUT, ServerError, probe
 
 CHUNKS_PER_SERVER = 4
 CONNECT_TIMEOUT_S = 10.0
+# A request's server must answer /health at least once every SILENT_S (asked every
+# HEALTH_EVERY_S, each probe bounded by PROBE_TIMEOUT): a silent node holds a step for about
+# SILENT_S + HEALTH_EVERY_S + PROBE_TIMEOUT (30 s), not for vllm_server_timeout.
+HEALTH_EVERY_S = 5.0
+SILENT_S = 20.0
 # What loses a server (the others take its work); anything else is the request's own fault.
 LOST = (requests.ConnectionError, requests.Timeout)
 
@@ -132,10 +143,14 @@ class ServerPool:
                     continue
                 part = chunks[number]
                 try:
-                    answers[number] = client.generate(
-                        [prompts[i] for i in part],
-                        None if features is None else [features[i] for i in part],
-                        **params,
+                    answers[number] = self._watched(
+                        index,
+                        functools.partial(
+                            client.generate,
+                            [prompts[i] for i in part],
+                            None if features is None else [features[i] for i in part],
+                            **params,
+                        ),
                     )
                     made_by[number] = index
                     self.prompts_served[index] += len(part)
@@ -155,6 +170,31 @@ class ServerPool:
         versions = [self.versions[made_by[number]] for number in range(len(chunks))]
         answer["policy_versions"] = [v for v, part in zip(versions, chunks) for _ in part]
         return answer
+
+    def _watched(self, index: int, call: Callable):
+        """call() on a thread of its own, given up (requests.Timeout) when its server stops
+        answering /health for SILENT_S; the abandoned call ends at its own timeout."""
+        done, outcome = threading.Event(), {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = call()
+            except Exception as exc:
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        url = f"{self.clients[index].base_url}/health"
+        answered = time.monotonic()
+        while not done.wait(HEALTH_EVERY_S):
+            if probe(url, timeout=PROBE_TIMEOUT) == 200:
+                answered = time.monotonic()
+            elif time.monotonic() - answered > SILENT_S and not done.is_set():
+                raise requests.Timeout(f"{url} did not answer for {SILENT_S:g}s (node silent)")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
 
     def mark_synced(self, version: int) -> None:
         """The servers that took the last weight push (and are still live) hold `version`."""
@@ -199,7 +239,7 @@ class ServerPool:
             client = self.clients[index]
             start = time.perf_counter()
             try:
-                call(client)
+                self._watched(index, functools.partial(call, client))
             except Exception as exc:
                 if not _is_lost(exc):
                     raise
