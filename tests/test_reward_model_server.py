@@ -211,3 +211,48 @@ def test_a_server_that_cannot_load_its_model_stops_the_run_before_any_trainer(tm
     assert "reward model server healthy" not in out and not list(logs.glob("*_train.log"))
     (outcome,) = [e for e in read_events(tmp_path / "out") if e["event"] == "outcome"]
     assert outcome["outcome"] == "user_error"
+
+
+# --- death mid-run ------------------------------------------------------------------------
+
+
+def test_a_server_that_dies_mid_run_is_its_own_class_and_named_in_one_line(tmp_path):
+    """The launcher's wait (watch_training) stops the trainers once the server is gone; the
+    attempt is `reward_server_lost`, the same loss twice is permanent, and a stop signal of
+    the launcher's (a preemption's SIGTERM also reaches the server) wins. The real process
+    killed in a training run: test_remote_rewards.py."""
+    from maxent_grpo.launch.outcomes import classify, is_permanent
+    from maxent_grpo.launch.processes import Child
+    from maxent_grpo.launch.watchdog import watch_training
+
+    server = RewardModelServer(
+        _plan("print('loaded'); raise SystemExit(5)", 30), tmp_path / "rm.log", {}
+    )
+    server.start().child.wait_up_to(30)
+    trainer = Child("train", ["sleep", "605"], tmp_path / "train.log")
+    watched = watch_training(trainer, None, None, poll=0.1, reward_server=server)
+    assert watched.code == -15  # stopped by the launcher, not waited for
+    line = "reward model server http://127.0.0.1:9/score (model m) exited with code 5 while "
+    line += f"training ran; its log: {tmp_path / 'rm.log'}"
+    assert (
+        watched.reward_server_died.splitlines()[0] == line
+        and "loaded" in watched.reward_server_died
+    )
+    found = classify(tmp_path, watched, None, None, tmp_path / "train.log")
+    assert (found.kind, found.reason, found.code) == ("reward_server_lost", line, 1)
+    assert found.transient and not is_permanent(found)
+    again = classify(tmp_path, watched, None, {"outcome": found.kind, "reason": line}, "x")
+    assert again.reason == f"the same error twice: {line}" and is_permanent(again)
+    # The trainers' own record of the launcher's SIGTERM is no stop; a signal to us is one.
+    trainers_stop = ("SIGTERM received by the training processes", None, None, 0)
+    assert classify(tmp_path, watched, trainers_stop, None, "x").kind == "reward_server_lost"
+    preempted = ("SIGTERM received", "SIGTERM", None, 0)
+    assert classify(tmp_path, watched, preempted, None, "x").kind == "stopped"
+    cancelled = watch_training(
+        Child("t", ["true"], tmp_path / "t.log"),
+        None,
+        None,
+        cancelled=lambda: 15,
+        reward_server=server,
+    )
+    assert cancelled.reward_server_died is None  # a stop signal came: the server's end is no cause

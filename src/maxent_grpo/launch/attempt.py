@@ -394,6 +394,7 @@ class Attempt(Finish):
             watchdog,
             cancelled=lambda: self.stop_signal,
             crash_grace=crash_grace,
+            reward_server=self.reward_server,
         )
 
     def _end_processes(self, watched: Watched, train_log: Path) -> None:

@@ -13,6 +13,8 @@ classes (docs/troubleshooting.md, "Why an attempt ended"):
   hang          no progress for hang_timeout seconds (launch/watchdog.py)
   crash         a process failed; the same error twice in a row is permanent
   node_failure  a node of the job failed (Slurm said so)
+  reward_server_lost  the reward-model server (reward_model_gpus) died while training ran;
+                a requeue starts it again; the same error twice in a row is permanent
 
 Requeues and array retries are spent only on transient classes.
 """
@@ -31,7 +33,7 @@ from maxent_grpo.rundir.heartbeat import read_exit_reports, read_heartbeats
 EXIT_FAILED = 1
 STOP_CLASSES = ("preempted", "time_limit", "stopped")
 PERMANENT = ("user_error", "oom")
-TRANSIENT = (*STOP_CLASSES, "hang", "crash", "node_failure")
+TRANSIENT = (*STOP_CLASSES, "hang", "crash", "node_failure", "reward_server_lost")
 OOM_HINT = (
     "lower per_device_train_batch_size or num_generations (keeping the batch arithmetic), "
     "or set gradient_checkpointing: true"
@@ -120,15 +122,15 @@ def _normalised(reason: str) -> str:
     return re.sub(r"0x[0-9a-fA-F]+|\d+", "#", reason)
 
 
-def crash_outcome(reason: str, previous: Mapping | None) -> Outcome:
-    """A crash; permanent (user_error-like, no retry) when the previous attempt ended with the
-    same error."""
+def crash_outcome(reason: str, previous: Mapping | None, kind: str = "crash") -> Outcome:
+    """A crash (or another failure `kind`); permanent (user_error-like, no retry) when the
+    previous attempt ended with the same class and error."""
     reason = one_line(reason)
-    if previous and previous.get("outcome") == "crash":
+    if previous and previous.get("outcome") == kind:
         before = one_line(previous.get("reason") or "").removeprefix("the same error twice: ")
         if _normalised(before) == _normalised(reason):
-            return Outcome("crash", f"the same error twice: {reason}", EXIT_USER_ERROR)
-    return Outcome("crash", reason, EXIT_FAILED)
+            return Outcome(kind, f"the same error twice: {reason}", EXIT_USER_ERROR)
+    return Outcome(kind, reason, EXIT_FAILED)
 
 
 def is_permanent(outcome: Outcome) -> bool:
@@ -221,8 +223,8 @@ def log_tail(path, lines: int = 60) -> str:
 
 def classify(output_dir, watched, stop, previous: Mapping | None, train_log) -> Outcome:
     """The attempt's class from what the launcher saw, most certain first: the completion
-    marker, a hang, a stop (stop: stop_outcome's arguments, or None), a dead
-    server, the trainers' exit reports, the end of the train log.
+    marker, a hang, a dead reward-model server, a stop (stop: stop_outcome's arguments, or
+    None), a dead vLLM server, the trainers' exit reports, the end of the train log.
 
     watched: launch/watchdog.py Watched.
     """
@@ -230,6 +232,11 @@ def classify(output_dir, watched, stop, previous: Mapping | None, train_log) -> 
         return Outcome("completed", "training complete", 0)
     if watched.hang is not None:
         return Outcome("hang", one_line(watched.hang.reason), EXIT_FAILED)
+    lost = watched.reward_server_died
+    if lost is not None and (stop is None or stop[1] is None):
+        # A stop without a signal of ours is the trainers' record of the SIGTERM the launcher
+        # sent them because that server died (a signal's stop, e.g. preemption, wins).
+        return crash_outcome(lost.splitlines()[0], previous, "reward_server_lost")
     tail = log_tail(train_log)
     node_failure = _node_failure_line(tail)  # srun or Slurm: a node of the job failed
     if stop is not None:

@@ -5,8 +5,14 @@ start (/health 200 within vllm_server_timeout, the process alive), so their firs
 finds it up: their reward-server client retries only within reward_server_retries, far less
 than a model's load. A server that exits or does not answer in time stops the attempt with one
 line and the end of its log, before any trainer starts. It is stopped with the rest of the run
-(Attempt.abort); if it dies mid-run the trainers' next scoring raises RewardServerDown after
-its bounded retries.
+(Attempt.abort).
+
+Mid-run it is watched (launch/watchdog.py watch_training, each poll): a server that exits while
+training runs stops the trainers at once and ends the attempt as `reward_server_lost`, one line
+naming the server and its log. It is not restarted in place as a vLLM server is: the trainers'
+bounded retries give up on a refused connection within seconds (reward_server_retries pauses of
+0.5-5 s), far less than a model's load, so a restart would come after the step had failed
+anyway; a requeue restarts it with the run, from the last complete checkpoint.
 """
 
 from __future__ import annotations
@@ -72,6 +78,18 @@ class RewardModelServer:
                     + _tail(self.child)
                 )
             time.sleep(POLL_SECONDS)
+
+    def died_message(self) -> str | None:
+        """Why the server is gone, one line naming it and its log, then its log's end; None
+        while it runs (or before it started)."""
+        code = self.child.poll() if self.child is not None else None
+        if code is None:
+            return None
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return (
+            f"reward model server {self.plan.url} (model {self.plan.model}) {how} while "
+            f"training ran; its log: {self.log_path}\n  last lines:" + _tail(self.child)
+        )
 
     def stop(self, grace: float = 10.0) -> int | None:
         if self.child is None:

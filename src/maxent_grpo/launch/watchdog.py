@@ -365,6 +365,7 @@ class Watched:
     code: int | None  # the training command's exit code (None: stopped for a hang)
     hang: Hang | None = None
     server_died: str | None = None  # why the server is gone (with its log tail)
+    reward_server_died: str | None = None  # why the reward-model server is gone (same)
 
 
 def watch_training(
@@ -374,6 +375,7 @@ def watch_training(
     poll: float = 1.0,
     cancelled: Callable[[], int | None] = lambda: None,
     crash_grace: float = CRASH_GRACE_S,
+    reward_server=None,
 ) -> Watched:
     """Wait for training to exit, watching the server's start-up, hangs, a dead server and
     crashed ranks.
@@ -385,7 +387,9 @@ def watch_training(
     (`cancelled()`) stops training and raises ServerWaitCancelled. After that, a dead server
     stops training at once (it cannot generate without it); a hang returns at once (the caller
     dumps stacks and stops everything); ranks that outlive a crashed one `crash_grace` s are
-    stopped.
+    stopped. reward_server: a reward_server.RewardModelServer (healthy before the trainers
+    started) or None; once it exits, training stops at once too (it cannot score without it),
+    and it is named as the cause also when the trainers failed on it before a poll saw it go.
     """
     crashed_at = None
     while trainer.poll() is None:
@@ -401,6 +405,12 @@ def watch_training(
             print("stopping training: it cannot generate without the server", flush=True)
             trainer.stop()
             return Watched(trainer.wait(), server_died=message)
+        lost = _reward_server_lost(reward_server, cancelled)
+        if lost is not None:
+            print(f"error: {lost}", flush=True)
+            print("stopping training: it cannot score without the reward model server", flush=True)
+            trainer.stop()
+            return Watched(trainer.wait(), reward_server_died=lost)
         if watchdog is not None:
             hang = watchdog.poll() if started else None
             if hang is not None:
@@ -411,7 +421,18 @@ def watch_training(
                 print("a training process failed and the others did not exit: stopping them")
                 trainer.stop(grace=5)
         trainer.wait_up_to(poll)
-    return Watched(trainer.wait())
+    code = trainer.wait()
+    # Their next scoring fails within seconds of the loss (RewardServerDown), often before a
+    # poll here saw the server go: it is still the cause.
+    return Watched(code, reward_server_died=_reward_server_lost(reward_server, cancelled))
+
+
+def _reward_server_lost(reward_server, cancelled) -> str | None:
+    """Why the reward-model server is gone, or None: none, running, or a stop signal came (a
+    preemption's SIGTERM reaches every process of the job: the trainers are saving)."""
+    if reward_server is None or cancelled() is not None:
+        return None
+    return reward_server.died_message()
 
 
 def _server_started(trainer, server, watchdog: Watchdog | None, cancelled) -> bool:
