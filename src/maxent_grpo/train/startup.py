@@ -9,8 +9,12 @@ installed-package scan done once (every start and every requeue pays both, in ea
   start-up garbage cycle is kept), `gc.freeze()` of the survivors (never walked again: they
   live for the run) and the collector on again, for the training loop as before.
 - transformers and TRL each call `importlib.metadata.packages_distributions()` when imported
-  (0.4 s each: it parses the metadata of every installed distribution); within start-up the
-  second call gets a copy of the first one's answer (nothing is installed in between).
+  (0.4-0.6 s each: it parses the metadata of every installed distribution); within start-up the
+  second call gets a copy of the first one's answer (nothing is installed in between), and
+  the answer is kept on disk (${XDG_CACHE_HOME:-~/.cache}/maxent-grpo/), keyed by every
+  sys.path entry's identity and modification time: installing or removing a package changes
+  its directory's, so a later start (a requeue's trainers, each of them) reads the answer
+  instead of scanning, and any change to the environment scans again.
 
 `starting_up()` wraps a process's start; `started()` ends it early (before training). Leaving
 the block restores what it changed, so an in-process caller (a test) gets its own state back.
@@ -22,10 +26,14 @@ from __future__ import annotations
 
 import functools
 import gc
+import hashlib
 import importlib.metadata
+import json
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 _real_scan = importlib.metadata.packages_distributions
 _held = False  # whether this module holds the collector now
@@ -38,7 +46,36 @@ def _scan_once() -> dict[str, list[str]]:
 
 @functools.cache
 def _cached_scan() -> dict[str, list[str]]:
-    return _real_scan()
+    path = _scan_file()
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    answer = _real_scan()
+    try:  # a unique temporary name, then an atomic rename: trainers start together
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(answer))
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: scan at every start, as before
+        pass
+    return answer
+
+
+def _scan_file() -> Path:
+    """Where the scan of this environment is kept: the name hashes the interpreter and each
+    sys.path entry with its inode, size and modification time (a package installed or removed
+    changes its directory's)."""
+    parts = [sys.executable]
+    for entry in sys.path:
+        try:
+            st = os.stat(entry or ".")
+            parts.append(f"{entry}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
+        except OSError:
+            parts.append(f"{entry}:-")
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "maxent-grpo" / f"packages-{key}.json"
 
 
 def started() -> None:
