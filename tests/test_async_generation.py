@@ -186,3 +186,45 @@ def test_with_rollouts_the_next_request_asks_for_what_the_next_first_round_draws
     assert ahead == rows + drawn and len(drawn) == 2 and drawn[0] == drawn[1]
     trainer._carried = ["group", "group"]  # the step is full without a round: nothing asked
     assert trainer._first_round_rows(rows) is None
+
+
+@pytest.mark.parametrize("rollouts", [False, True])
+def test_a_step_made_ahead_pushes_the_weights_once_and_only_before_a_request(rollouts):
+    """Without rounds, the next request goes out at once: the push comes first. With rounds
+    (over-sampling), it waits for the rounds' decision (_prepare_inputs pushes then), so the
+    step trained on completions made ahead pushes nothing before training: a later round of
+    the same step pushes first, with the pool's versions (_sync_weights_once), then TRL's."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from maxent_grpo.train.async_generation import AsyncGenerationMixin
+
+    events = []
+
+    class TRL:
+        def _generate_single_turn(self, prompt_ids, images, multimodal, n, tools=False):
+            events.append("trl generates")
+            return [[0]] * len(prompt_ids), None
+
+    class Trainer(AsyncGenerationMixin, TRL):
+        pass
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.args = SimpleNamespace(max_staleness=1)
+    trainer._async_on, trainer._rollouts_on, trainer._async_step = True, rollouts, 0
+    trainer.model, trainer.state = SimpleNamespace(training=True), SimpleNamespace(global_step=5)
+    trainer.accelerator = SimpleNamespace(is_main_process=True, num_processes=1, process_index=0)
+    trainer._worker = trainer._consumed_at = trainer._next = None
+    trainer._metrics, trainer._last_loaded_step = {"train": defaultdict(list)}, 4
+    trainer.vllm_generation = SimpleNamespace(sync_weights=lambda: events.append("push"))
+    prompts = [[1], [1]]
+    made = Pending(6, prompts, prompts, version=4, payload=([[9], [8]], None, None))
+    made.done.set()
+    trainer._pending = made
+
+    assert trainer._generate_single_turn(prompts, None, None, 2) == ([[9], [8]], None)
+    assert trainer._metrics["train"]["async/prefetched"] == [1.0]
+    assert events == ([] if rollouts else ["push"])
+    trainer._generate_single_turn(prompts, None, None, 2)  # the step's next round
+    assert events == ["push", "trl generates"]
+    assert trainer._last_loaded_step == 5

@@ -1,6 +1,7 @@
-"""async_generation against a real vLLM server (CPU build), with LoRA sync and over-sampling:
-the server generates the next step's completions while the trainers train, a stop saves the
-completions in flight, and the resumed run trains its first step on them.
+"""async_generation against a real vLLM server (CPU build), with MaxEnt-GRPO, a rollout filter,
+LoRA sync and over-sampling: the server generates the next step's completions while the
+trainers train, a stop saves the completions in flight, and the resumed run trains its first
+step on them.
 
 The session's shared LoRA server (shared_servers.py: started as the launcher starts it, with
 runtime LoRA; this recipe would start the same one) serves three attempts on 2 CPU processes:
@@ -10,8 +11,13 @@ the server (`vllm_weight_sync: lora`). `oversample_factor: 1.5` with 2 groups a 
 first round generates 3 groups, the surplus is carried over, and every third step is filled by
 carried groups alone (steps 3 and 6: no generation). The next request is sent once the step's
 rounds are decided, for the next first round's own and extra prompts, so every step that
-generates (after the first) trains on completions made ahead. That the resumed steps equal an
-uninterrupted run's, with seeded sampling, is tests/slurm/test_async_preemption.py.
+generates (after the first) trains on completions made ahead. The trainer is MaxEnt-GRPO
+(`method: maxent`, tau adapting to a target weight entropy): its weights and its tau
+controller are fed by the completions made ahead, and the controller's state travels with the
+checkpoint that holds them. The rollout filter `diverse` judges every round, the one made
+ahead included (a random tiny model's 16-token completions are never all the same). That the
+resumed steps equal an uninterrupted run's, with seeded sampling, is
+tests/slurm/test_async_preemption.py.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ LORA = dict(
 )
 
 
+# MaxEnt-GRPO with tau adapting every step (the smoke MaxEnt recipe's controller settings).
+MAXENT = dict(method="maxent", maxent_target_weight_entropy=1.2, maxent_tau_lr=0.5)
+
+
 def step_metrics(output_dir) -> dict[int, dict]:
     """Each step's metrics (the last attempt's where steps repeat)."""
     found = {}
@@ -70,6 +80,8 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
         save_steps=1000,  # the only checkpoint before the end is the stop's
         per_device_train_batch_size=8,  # 2 groups a process
         oversample_factor=1.5,
+        rollout_filters=["diverse"],
+        **MAXENT,
         **LORA,
     )
     plan, train_env = plan_on(lora_server, recipe)
@@ -118,6 +130,10 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
         assert steps[step]["async/staleness_max"] == 1.0, step
         assert steps[step]["rollouts/groups_generated"] == 6.0, step
     assert all("async/prefetched" not in steps[s] for s in (3, 6))
+    # MaxEnt weighted the completions made ahead, and the filter judged them (it keeps all).
+    for step in (2, 4, 5, 7):
+        assert 0.0 < steps[step]["maxent/weight_entropy"] <= 1.3863, step  # <= log 4
+        assert steps[step]["rollouts/kept_fraction/diverse"] == 1.0, step
     # Only the adapter went to the server: a few KB, not the model.
     sent = [m["vllm/weight_sync_bytes"] for m in steps.values() if "vllm/weight_sync_bytes" in m]
     assert sent and all(0 < size < 200_000 for size in sent), sent
@@ -139,3 +155,7 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
     changed = step_metrics(tampered / "out")
     assert changed[STOP_AT + 1]["async/prefetched"] == 0.0
     assert changed[STEPS]["async/prefetched"] == 1.0
+    # MaxEnt's tau, moved by steps 1-4, is the checkpoint's in both resumes (not restarted).
+    taus = [steps[1]["maxent/tau"], steps[STOP_AT + 1]["maxent/tau"]]
+    assert taus[1] != pytest.approx(taus[0]), taus
+    assert changed[STOP_AT + 1]["maxent/tau"] == pytest.approx(taus[1]), taus

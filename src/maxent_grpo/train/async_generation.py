@@ -21,6 +21,9 @@ its own prompts plus extra ones, or for nothing when carried-over groups fill th
 known once the step before has filtered. So there the next request is sent after the step's
 rollout decision (`_prepare_inputs`, before its training), for exactly the prompts the next
 step's first round will draw (`_first_round_rows`); it overlaps the training, not the scoring.
+The push goes with that request (or before a later round of the step): a step trained on
+completions made ahead does not push when they arrive, so a step filled by carried groups,
+which sends the next request, is the only push of the two (bench/bench_async.py, oversample).
 
 A sample is `staleness` = (policy version trained) - (version that generated it) steps old:
 1 here (k-1 steps done at step k, generated from k-2), up to `vllm_sync_interval_steps`. With
@@ -223,6 +226,8 @@ class AsyncGenerationMixin:
         step = self.state.global_step + 1
         first = self._async_on and self.model.training and self._async_step != step
         if not first or images is not None:  # later rounds, tool turns, eval: TRL's
+            if self._async_on and self.model.training:
+                self._sync_weights_once()  # a push deferred below, with the pool's versions
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
@@ -234,8 +239,11 @@ class AsyncGenerationMixin:
             ready = item is not None and item.step == step
             payload = self._collect(item) if ready else None
             decision = self._decide(item if ready else None, prompt_ids, payload, waited)
-        self._sync_weights_once()
         decision = self._shared(decision)
+        if not (decision["use"] and self._after_rounds):
+            # With rounds the next request waits for the rounds' decision and pushes then
+            # (_prepare_inputs); a step filled by carried groups sends it with no push between.
+            self._sync_weights_once()
         self._record(decision)
         if decision["use"]:
             result = self._local_slice(decision["payload"], prompt_ids, item)
