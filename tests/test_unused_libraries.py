@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import importlib.metadata
 import importlib.util
+import inspect
 import os
 import sys
 import weakref
@@ -75,6 +76,21 @@ def test_trl_imports_scan_the_packages_once_and_walk_no_heap(tmp_path):
     imports = imports_of(tmp_path, "none")  # the interpreter of the report_to "none" case
     assert imports["package_scans"] == 1
     assert imports["full_collections"] == 0
+    assert imports["op_source"]  # torch's operator registrations skip inspect (0.3-0.4 s)
+
+
+def test_op_source_names_the_frame_as_torchs_get_source_did():
+    def torchs_get_source(stacklevel: int) -> str:  # torch 2.13's, which op_source replaces
+        frame = inspect.getframeinfo(sys._getframe(stacklevel))
+        return f"{frame.filename}:{frame.lineno}"
+
+    def register_op(stacklevel: int) -> tuple[str, str]:  # as torch.library's callers do
+        return startup.op_source(stacklevel), torchs_get_source(stacklevel)
+
+    ours, torchs = register_op(1)
+    assert ours == torchs == f"{__file__}:{sys._getframe().f_lineno - 3}"
+    ours, torchs = register_op(2)
+    assert ours == torchs == f"{__file__}:{sys._getframe().f_lineno - 1}"
 
 
 class Node:

@@ -1,7 +1,7 @@
 """What a trainer process loads: a fresh interpreter reads a recipe, marks the libraries it
 does not use absent (as train_process.py does), imports TRL's GRPO trainer within start-up
 (train/startup.py) and reports, with how many times the installed packages were scanned and
-how many full garbage collections ran meanwhile."""
+how many full garbage collections ran meanwhile, and whether torch got start-up's op_source."""
 
 from __future__ import annotations
 
@@ -25,11 +25,14 @@ with starting_up():
     from transformers.utils import is_peft_available
     from trl.import_utils import is_vllm_available
     full_collections = gc.get_stats()[2]["collections"]
+import torch._library.utils
+from maxent_grpo.train.startup import op_source
 loaded = lambda name: sys.modules.get(name) is not None
 print(json.dumps({"wandb": [loaded("wandb"), is_wandb_available()],
                   "vllm": [loaded("vllm"), is_vllm_available()],
                   "peft": [loaded("peft"), is_peft_available()],
-                  "package_scans": len(scans), "full_collections": full_collections}))
+                  "package_scans": len(scans), "full_collections": full_collections,
+                  "op_source": torch._library.utils.get_source is op_source}))
 """
 
 
