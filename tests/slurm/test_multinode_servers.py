@@ -1,8 +1,12 @@
 """Two vLLM servers (vllm_nodes: 2) on the 3-node test cluster: vLLM's CPU build on the first
 two nodes, training on the third; one server killed mid-run. The run goes on with the other
 server, the launcher restarts the lost one, it comes back (server_back), the trainers take it
-back with the current weights and it serves again; the run completes with no step lost. Needs
-vLLM's CPU build in this venv (`make test-multinode` installs it)."""
+back with the current weights and it serves again. Then the same node's network is cut for the
+rest of the run (a silent node, not a killed process): the job outlives the node (--no-kill),
+the trainers give up on its server within their silence bound (not vllm_server_timeout), the
+launcher does not restart it on a node Slurm has down; the run completes with no step lost.
+One job for both (the suite's time). Needs vLLM's CPU build in this venv (`make
+test-multinode` installs it)."""
 
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ GATED = "tests.helpers.gated_rewards:gated_digit_fraction"
 # 236 s (measured), which looked like a stall in runs shorter than that. On real nodes each
 # server has its own cores; here the servers' workers are left unpinned.
 SERVER_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# After the cut, steps must go on well before the recipe's vllm_server_timeout (300 s): the
+# trainers' silence bound (about 30 s, train/server_pool.py) plus two steps on one server.
+AFTER_CUT_S = 150
 
 
 def _events(out: Path) -> list[dict]:
@@ -80,8 +87,12 @@ def test_two_server_nodes_one_killed_mid_run_comes_back(multinode_cluster, tmp_p
     )
     export = ",".join(f"{name}={value}" for name, value in SERVER_ENV.items())
     t0 = time.monotonic()
-    # The job's environment is the launcher's, which the servers start from.
-    job = sbatch_training(cluster, tmp_path, recipe, "--nodes=3", f"--export=ALL,{export}")
+    # The job's environment is the launcher's, which the servers start from. --no-kill: what
+    # `maxent-grpo sbatch` adds for several servers (launch/sbatch.py node_loss_options).
+    job = sbatch_training(
+        cluster, tmp_path, recipe, "--nodes=3", "--no-kill", f"--export=ALL,{export}"
+    )
+    second, cut = None, False
     try:
         nodes = wait_for(lambda: cluster.job_nodes(job), 120, "the job's nodes")
         first, second, trainer = nodes
@@ -102,10 +113,26 @@ def test_two_server_nodes_one_killed_mid_run_comes_back(multinode_cluster, tmp_p
         )
         held_at = len(_steps(out))
         gate.unlink()
+        # Once the restarted server has served again, its node's network is cut for good.
+        before = _served(_steps(out)[held_at - 1], second)
+        wait_for(lambda: _served(_steps(out)[-1], second) > before, 300, "the restart serving")
+        cut_at, lost = len(_steps(out)), _server_events(out).count(("server_lost", "trainer"))
+        done = cluster.cluster("cut-node", second, timeout=60)
+        cut = done.returncode == 0
+        assert cut, done.stderr
+        t_cut = time.monotonic()
+        wait_for(lambda: len(_steps(out)) >= cut_at + 2, AFTER_CUT_S, "2 steps after the cut")
+        after_cut = time.monotonic() - t_cut
         state = cluster.wait(job, timeout=600)
     finally:
         gate.unlink(missing_ok=True)
         cluster.cancel(job)
+        if cut:  # the node back, its leftover server gone, every node idle for the next test
+            cluster.cluster("restore-node", second, timeout=60)
+            wait_for(lambda: not _server_pids(cluster, second), 120, "the cut server's end")
+            restarted = cluster.cluster("start", "--nodes", str(len(cluster.nodes)), timeout=300)
+            assert restarted.returncode == 0, restarted.stderr
+    cluster.timings["2 vLLM servers, one node cut: 2 steps after the cut (s)"] = after_cut
     cluster.timings["2 vLLM CPU servers + 1 training node, one killed and back: job time (s)"] = (
         time.monotonic() - t0
     )
@@ -139,3 +166,8 @@ def test_two_server_nodes_one_killed_mid_run_comes_back(multinode_cluster, tmp_p
     assert _served(all_steps[-1], second) > _served(all_steps[held_at - 1], second), [
         _served(e, second) for e in all_steps
     ]
+    # The cut: lost again by the trainers and the launcher, not restarted on the down node.
+    events = _server_events(out)
+    assert events.count(("server_lost", "trainer")) > lost, events
+    assert events.count(("server_lost", "launcher")) >= 2, events
+    assert "Slurm has the node" in printed + logs and "not restarted" in printed, printed[-3000:]

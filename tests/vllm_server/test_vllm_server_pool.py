@@ -107,6 +107,7 @@ def test_a_silent_server_is_given_up_long_before_the_request_s_own_bound(servers
     monkeypatch.setattr(server_pool, "HEALTH_EVERY_S", 0.1)
     monkeypatch.setattr(server_pool, "SILENT_S", 0.5)
     monkeypatch.setattr(server_pool, "PROBE_TIMEOUT", 0.2)
+    monkeypatch.setattr(server_pool, "REJOIN_EVERY_S", 1.0)
     events = Events()
     first, second = servers(0.0, 0.3)
     pool = pool_of([first, second], events, timeout=60)
@@ -121,6 +122,13 @@ def test_a_silent_server_is_given_up_long_before_the_request_s_own_bound(servers
     start = time.monotonic()
     sync(pool, 2)  # the next sync: asked whether it is back (no), not waited for
     assert time.monotonic() - start < 5 and pool.live == [0]
+    second.silent = False  # its network back: asked again only after REJOIN_EVERY_S
+    sync(pool, 3)
+    assert pool.live == [0]
+    time.sleep(1.1)
+    sync(pool, 4)
+    assert pool.live == [0, 1] and second.version == 4
+    assert [e for e, _ in events] == ["server_lost", "server_back"]
 
 
 def test_a_slow_server_that_answers_health_is_not_lost(servers, monkeypatch):

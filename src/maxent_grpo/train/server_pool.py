@@ -17,7 +17,8 @@ SERVERS_VARIABLE) and a ServerPool in place of the one client TRL's VLLMGenerati
 - Weight sync (disk, lora, nccl): each call goes to every live server in turn, timed per
   server (`last_sync_seconds`), and a server that fails it is lost. Before each sync, lost
   servers that answer /health again (the launcher restarts them, launch/server_group.py)
-  rejoin, so they get the step's weights before they take a request.
+  rejoin, so they get the step's weights before they take a request (each lost server is
+  asked at most once every REJOIN_EVERY_S).
 - Policy versions (async_generation): `mark_synced(version)` after a push records the version
   each server that took it now holds (a lost server holds none: restarted, it has the base
   model); each answer says, per prompt, the version of the server that made it
@@ -49,6 +50,9 @@ CONNECT_TIMEOUT_S = 10.0
 # SILENT_S + HEALTH_EVERY_S + PROBE_TIMEOUT (30 s), not for vllm_server_timeout.
 HEALTH_EVERY_S = 5.0
 SILENT_S = 20.0
+# A lost server is asked whether it is back at a weight sync at most once every REJOIN_EVERY_S:
+# a dead node does not refuse, the probe waits (3 s per step measured on the test cluster).
+REJOIN_EVERY_S = 30.0
 # What loses a server (the others take its work); anything else is the request's own fault.
 LOST = (requests.ConnectionError, requests.Timeout)
 
@@ -95,6 +99,7 @@ class ServerPool:
         self.device = None  # NCCL sync: the trainer's device, for a rejoining server's group
         self.versions: list[int | None] = [None] * len(self.clients)  # policy version held
         self._given: list[int] = []  # the servers that took the last weight push
+        self._asked: dict[int, float] = {}  # lost server -> when rejoin() may ask it again
 
     @property
     def urls(self) -> list[str]:
@@ -113,6 +118,7 @@ class ServerPool:
         if index in self.live:
             self.live.remove(index)
             self.versions[index] = None
+            self._asked.pop(index, None)  # asked again at the next sync
             url = self.clients[index].base_url
             print(
                 f"vLLM server {url} lost ({why}); the other servers take its requests", flush=True
@@ -214,8 +220,9 @@ class ServerPool:
         before a weight sync, which then gives them the current weights)."""
         back = []
         for index, client in enumerate(self.clients):
-            if index in self.live:
+            if index in self.live or time.monotonic() < self._asked.get(index, 0.0):
                 continue
+            self._asked[index] = time.monotonic() + REJOIN_EVERY_S
             if probe(f"{client.base_url}/health", timeout=PROBE_TIMEOUT) == 200:
                 if self.device is not None:  # a restarted server has a new NCCL group
                     client.init_communicator(device=self.device)
