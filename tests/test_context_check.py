@@ -108,3 +108,44 @@ def test_check_measures_the_recipe_data_and_refuses_what_does_not_fit(tiny_model
     check_context(
         script, SimpleNamespace(**{**vars(training), "vllm_max_model_length": None}), model
     )
+
+
+def test_a_mixture_is_measured_over_its_local_and_builtin_sources_not_the_hub(tiny_model, tmp_path):
+    """A mixture's builtin and local entries are loaded as training loads them (one long
+    local prompt decides the bound); a hub entry cannot be read here: a note says so."""
+    import json
+
+    from maxent_grpo.data import parse_mixture
+
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"problem": "What is 1 + 1? " * 40, "solution": "2"}) + "\n")
+    entries = [{"id": "builtin:arithmetic", "weight": 0.5}, {"path": str(long)}]
+    script, training, model = _args(tiny_model, 256, 64)
+
+    def measured(datasets) -> tuple[int, str, list]:
+        mixed = ScriptArguments(
+            dataset_mixture=parse_mixture({"datasets": datasets}), dataset_num_rows=32
+        )
+        with pytest.raises(ConfigError) as info:
+            check_context(mixed, training, model)  # 256 is too short for the long prompt
+        message = str(info.value)
+        prompt = int(message.split("longest prompt (")[1].split(" tokens")[0])
+        fits = SimpleNamespace(**{**vars(training), "vllm_max_model_length": prompt + 64})
+        return prompt, message, check_context(mixed, fits, model)
+
+    prompt, message, notes = measured(entries)
+    assert prompt > 160 and f"measured over 17 rows of builtin:arithmetic, {long})" in message
+    assert notes == []
+    with_hub, message, notes = measured([*entries, {"id": "org/math-prompts"}])
+    assert with_hub == prompt and "rows of builtin:arithmetic, " in message
+    assert f"{long}; org/math-prompts not read)" in message
+    assert notes == [
+        "vllm_max_model_length: the prompts of org/math-prompts (hub) are not measured: no hub "
+        "access before training; only the rest of each request was checked"
+    ]
+    # The hub alone: nothing to measure, the completion part is still checked.
+    hub = ScriptArguments(dataset_name="org/math-prompts")
+    assert check_context(hub, training, model) == [notes[0]]
+    short = SimpleNamespace(**{**vars(training), "vllm_max_model_length": 63})
+    with pytest.raises(ConfigError, match=r"not measured: a hub dataset is read when training"):
+        check_context(hub, short, model)

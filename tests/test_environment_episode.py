@@ -10,8 +10,9 @@ What stands in for what: the tiny model's sampling is scripted (helpers/scripted
 turn 1 calls the environment's `multiply` (6 x 7 on row 0, 6 x 8 on rows 1-3), turn 2 answers
 with the tool's result. TRL's environment_factory
 path, the tool loop, the masks, the MaxEnt weights, the filter, LoRA, the checkpoint and the
-resume are the real code paths. Rewards: answer_is_42 plus the environment's get_reward, so
-group 0 (rows 0, 1) has spread and group 1 (rows 2, 3) has none: nonzero_std drops it.
+resume are the real code paths. The reward is the environment's get_reward alone
+(reward_funcs unset: TRL's environment reward contract), so group 0 (rows 0, 1) has spread and
+group 1 (rows 2, 3) has none: nonzero_std drops it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,20 @@ def _check_line(environment: str) -> str:
     return message
 
 
+def test_check_says_what_scores_the_rollouts(tmp_path, tiny_model):
+    """`maxent-grpo check`'s notes (launch/sbatch.check_for): the environment's get_reward,
+    alone (the run below) or beside reward_funcs."""
+    from maxent_grpo.launch.launcher import RunRequest
+    from maxent_grpo.launch.sbatch import check_for
+
+    own = "Calculator.get_reward (the environment's, weight 1, logged as rewards/Calculator/mean)"
+    _, notes = check_for(RunRequest(recipe=str(_recipe(tmp_path, tiny_model))), None)
+    assert f"reward: {own} alone; reward_funcs is unset or empty" in notes
+    both = _recipe(tmp_path, tiny_model, name="both.yaml", reward_funcs=["answer_match"])
+    _, notes = check_for(RunRequest(recipe=str(both)), None)
+    assert f"rewards: answer_match (reward_funcs) and {own}" in notes
+
+
 def test_check_passes_an_environment_and_refuses_a_bad_one_in_one_line():
     check_rewards(ScriptArguments(environment=ENV), TRAINING)
     assert _check_line("mypkg.envs:Calculator").startswith(
@@ -72,7 +87,7 @@ def test_environment_methods_get_the_recipe_tool_limits():
     assert time.monotonic() - began < 2
 
 
-def _recipe(folder, tiny_model, **keys):
+def _recipe(folder, tiny_model, reward_funcs=None, **keys):
     return small_recipe(
         folder,
         tiny_model,
@@ -80,7 +95,7 @@ def _recipe(folder, tiny_model, **keys):
         environment=ENV,
         max_tool_calling_iterations=1,
         chat_template=qwen25_template(),
-        reward_funcs=["helpers.tool_rewards:answer_is_42"],
+        reward_funcs=reward_funcs,  # None: the environment's get_reward alone
         reward_weights=None,
         num_generations=2,
         per_device_train_batch_size=4,
@@ -160,7 +175,13 @@ def test_environment_and_tool_turns_are_out_of_the_loss(tool_run):
     # One environment per rollout, each reset once; the environment's own reward.
     envs = tool_run.first.environments
     assert len({id(e) for e in envs}) == 4 and [e.resets for e in envs] == [1, 1, 1, 1]
-    assert log["rewards/Calculator/mean"] == 0.25 and log["rewards/answer_is_42/mean"] == 0.25
+    # The environment's reward alone scored the batch (1 for the one 42 of 4) and the group
+    # it kept (1 and 0).
+    assert [k for k in log if k.startswith("rewards/")] == [
+        "rewards/Calculator/mean",
+        "rewards/Calculator/std",
+    ]
+    assert log["rewards/Calculator/mean"] == 0.25 and log["reward"] == 0.5
 
 
 @pytest.mark.integration
@@ -179,7 +200,7 @@ def test_maxent_weights_see_only_the_policy_tokens(tool_run):
     trainer, inputs = tool_run.first, tool_run.inputs
     config = trainer.args
     answers = [kept for kept, _ in split_by_tool_mask(trainer.processing_class, inputs)]
-    rewards = torch.tensor([2.0 if "<answer>42</answer>" in a else 0.0 for a in answers])
+    rewards = torch.tensor([1.0 if "<answer>42</answer>" in a else 0.0 for a in answers])
 
     def weights(mask):
         ref = sequence_log_likelihood(inputs["ref_per_token_logps"], mask, True)

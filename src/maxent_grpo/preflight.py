@@ -72,28 +72,32 @@ def check_rewards(script_args, training_args) -> tuple[list, type | None]:
     return tools, environment
 
 
-def check_context(script_args, training_args, model_args, tools=(), environment=None) -> None:
-    """Server mode with vllm_max_model_length: the longest prompt (measured on a builtin or
-    local dataset with the policy's tokenizer and the schemas of `tools` and `environment`, as
-    check_rewards resolved them; a hub one is not read) plus what each turn asks for fits it
-    (rewards/context.py)."""
+def check_context(script_args, training_args, model_args, tools=(), environment=None) -> list:
+    """Server mode with vllm_max_model_length: the longest prompt (measured on the builtin and
+    local sources, a mixture's too, with the policy's tokenizer and the schemas of `tools` and
+    `environment`, as check_rewards resolved them) plus what each turn asks for fits it
+    (rewards/context.py). script_args.dataset_mixture: parsed. Returns notes for `check`: the
+    hub sources it could not read (no hub access before training)."""
     limit = training_args.vllm_max_model_length
     if not (training_args.use_vllm and training_args.vllm_mode == "server" and limit):
-        return
-    from maxent_grpo.data import load_datasets, source_kind  # imports datasets: seconds
+        return []
     from maxent_grpo.rewards.context import (  # imports transformers (environments.py)
         fits_context,
         longest_prompt,
         schema_tools,
     )
 
-    name = script_args.dataset_name
-    prompt, how = 0, "not measured: a hub dataset or mixture is read when training starts"
-    if not script_args.dataset_mixture and name and source_kind(name) != "hub":
+    rows, read, hub = _local_prompts(script_args)
+    prompt, how = 0, "not measured: a hub dataset is read when training starts"
+    notes = []
+    if hub:
+        notes.append(
+            f"vllm_max_model_length: the prompts of {', '.join(hub)} (hub) are not measured: "
+            "no hub access before training; only the rest of each request was checked"
+        )
+    if rows:
         from transformers import AutoTokenizer  # seconds
 
-        with _no_progress_bars():
-            rows = load_datasets(script_args)["train"]["prompt"]
         tokenizer = AutoTokenizer.from_pretrained(  # as the trainers load it (train/entry.py)
             model_args.model_name_or_path,
             revision=model_args.model_revision,
@@ -102,13 +106,42 @@ def check_context(script_args, training_args, model_args, tools=(), environment=
         if training_args.chat_template is not None:
             tokenizer.chat_template = training_args.chat_template
         prompt = longest_prompt(rows, tokenizer, schema_tools(list(tools), environment))
-        how = f"measured over {len(rows)} rows of {name}"
+        how = f"measured over {len(rows)} rows of {', '.join(read)}"
+        if hub:
+            how += f"; {', '.join(hub)} not read"
     iterations = training_args.max_tool_calling_iterations
     multi_turn = bool(script_args.tools or script_args.environment) and iterations != 0
     try:
         fits_context(limit, training_args.max_completion_length, multi_turn, prompt, how)
     except UserError as exc:
         raise ConfigError(str(exc)) from None
+    return notes
+
+
+def _local_prompts(script_args) -> tuple[list, list[str], list[str]]:
+    """The training prompts of the recipe's builtin and local sources, loaded as training
+    loads them (a mixture's entries selected, converted and weighted with its seed; its test
+    split kept in: evaluations send those prompts too), the names read and the hub names
+    left out."""
+    from maxent_grpo.data import load_datasets, source_kind  # imports datasets: seconds
+    from maxent_grpo.data.load import entry_name  # imports datasets: seconds
+
+    mixture = script_args.dataset_mixture
+    if mixture is None:
+        name = script_args.dataset_name
+        if source_kind(name) == "hub":
+            return [], [], [name]
+        with _no_progress_bars():
+            return load_datasets(script_args)["train"]["prompt"], [name], []
+    kinds = [source_kind(entry_name(e), e.path is not None) for e in mixture.datasets]
+    local = tuple(e for e, kind in zip(mixture.datasets, kinds) if kind != "hub")
+    hub = [entry_name(e) for e, kind in zip(mixture.datasets, kinds) if kind == "hub"]
+    if not local:
+        return [], [], hub
+    part = dataclasses.replace(mixture, datasets=local, test_split_size=None)
+    with _no_progress_bars():
+        loaded = load_datasets(dataclasses.replace(script_args, dataset_mixture=part))
+    return loaded["train"]["prompt"], [entry_name(e) for e in local], hub
 
 
 @contextmanager
@@ -133,7 +166,8 @@ def _check_columns(script_args, mixture) -> None:
 
 
 def check_recipe(recipe: Recipe) -> Recipe:
-    """Validate what can be validated without a model; returns the recipe, mixture parsed.
+    """Validate what can be validated without a model; returns the recipe, mixture parsed,
+    with notes for `check` added (what scores the rollouts, data not measured).
 
     The batch arithmetic is checked when the recipe is built, for its number of processes.
     Every rule runs (a rule whose section could not be built is skipped) and the problems are
@@ -144,7 +178,7 @@ def check_recipe(recipe: Recipe) -> Recipe:
     script, training = recipe.script, recipe.training
     rl = recipe.method in RL_METHODS  # SFT has no rewards, reference, benchmarks or server
     with collecting(recipe.path) as problems:
-        mixture, resolved = None, ((), None)
+        mixture, resolved, notes = None, ((), None), []
         if script is not None:
             with problems.check("dataset_mixture"):
                 mixture = parse_mixture(script.dataset_mixture, "recipe")
@@ -154,6 +188,7 @@ def check_recipe(recipe: Recipe) -> Recipe:
         if rl and script is not None and training is not None:
             with problems.check("reward_funcs", "reward_weights"):
                 resolved = check_rewards(script, training)
+                notes += _reward_note(script, resolved[1])
         if recipe.launch is not None:
             with problems.check("accelerate_config"):
                 check_launch(recipe.launch)
@@ -173,10 +208,13 @@ def check_recipe(recipe: Recipe) -> Recipe:
         if (
             rl
             and None not in (script, training, recipe.model)
-            and not problems.failed("dataset_name", "reward_funcs", "model_name_or_path")
+            and not problems.failed(
+                "dataset_name", "dataset_mixture", "reward_funcs", "model_name_or_path"
+            )
         ):
             with problems.check("vllm_max_model_length"):
-                check_context(script, training, recipe.model, *resolved)
+                parsed = dataclasses.replace(script, dataset_mixture=mixture)
+                notes += check_context(parsed, training, recipe.model, *resolved)
         if rl and script is not None and training is not None:
             with problems.check("benchmarks"):
                 check_benchmarks(script, training)
@@ -189,4 +227,13 @@ def check_recipe(recipe: Recipe) -> Recipe:
             check_trainer_values(training, recipe.model)
     if script is None:  # not built (its problems are collected outside): nothing to replace
         return recipe
-    return dataclasses.replace(recipe, script=dataclasses.replace(script, dataset_mixture=mixture))
+    script = dataclasses.replace(script, dataset_mixture=mixture)
+    return dataclasses.replace(recipe, script=script, notes=(*recipe.notes, *notes))
+
+
+def _reward_note(script_args, environment) -> list[str]:
+    """`check`'s line on what scores the rollouts, when the environment's get_reward does."""
+    from maxent_grpo.rewards.environments import reward_names, reward_note  # transformers
+
+    note = reward_note(reward_names(script_args.reward_funcs, environment), environment)
+    return [note] if note else []

@@ -129,8 +129,8 @@ def prepare(
     with timed("prepare: make_plan"):
         plan = make_plan(environment, keys, ports)
     with timed("prepare: checks"):
-        if full:
-            _build_and_check(keys, plan)
+        if full:  # check's notes: what scores the rollouts, data not measured (preflight)
+            keys = dataclasses.replace(keys, notes=_build_and_check(keys, plan))
         else:
             with collecting(keys.path):  # every problem in one pass, as `check` reports them
                 check_keys(keys, plan.train.num_processes)
@@ -148,12 +148,13 @@ def _check_data_and_rewards(keys: RecipeKeys) -> None:
             check_reward_names(keys.values.get("reward_funcs"))
 
 
-def _build_and_check(keys: RecipeKeys, plan: Plan) -> None:
-    """Every check of the trainers (TRL's, rewards, data columns, benchmarks) for the plan."""
+def _build_and_check(keys: RecipeKeys, plan: Plan) -> tuple[str, ...]:
+    """Every check of the trainers (TRL's, rewards, data columns, benchmarks) for the plan;
+    returns the keys' notes with those of the checks."""
     if plan.device == "cpu" or not _cuda_here():
         # A GPU recipe is checked on a login node too: build it as if on CPU (bf16 etc.).
         keys = keys.with_values(use_cpu=True)
-    check_recipe(build_recipe(keys, world_size=plan.train.num_processes))
+    return check_recipe(build_recipe(keys, world_size=plan.train.num_processes)).notes
 
 
 def _method(request: RunRequest, overrides: EnvOverrides) -> str | None:

@@ -95,3 +95,15 @@ def reward_names(names: list[str] | None, environment: type | None) -> list[str]
     if scores_its_rollouts(environment):
         return []
     return list(DEFAULT_REWARD_FUNCS)
+
+
+def reward_note(names: list[str], environment: type | None) -> str | None:
+    """What scores the rollouts, for `check`, when the environment's get_reward does (TRL adds
+    it after reward_funcs, weight 1); None otherwise. names: reward_names' answer."""
+    if not scores_its_rollouts(environment):
+        return None
+    name = environment.__name__
+    own = f"{name}.get_reward (the environment's, weight 1, logged as rewards/{name}/mean)"
+    if not names:
+        return f"reward: {own} alone; reward_funcs is unset or empty"
+    return f"rewards: {', '.join(names)} (reward_funcs) and {own}"
