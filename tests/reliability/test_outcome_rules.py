@@ -12,6 +12,7 @@ import pytest
 
 from helpers.procs import LOADED_MARGIN
 from maxent_grpo.launch.outcomes import (
+    classify,
     crash_outcome,
     from_exit_reports,
     from_log,
@@ -24,6 +25,7 @@ from maxent_grpo.launch.watchdog import (
     AUTO_STARTUP_S,
     WARMUP_S,
     Watchdog,
+    Watched,
     limit_for,
 )
 from maxent_grpo.rundir.heartbeat import Heartbeat, exit_kind
@@ -83,6 +85,21 @@ def test_the_same_crash_twice_is_permanent_whatever_the_numbers():
     assert is_permanent(third)  # still the same error: still permanent
     other = crash_outcome("rank 0: ValueError: bad data", previous)
     assert not is_permanent(other)
+
+
+def test_a_vllm_server_lost_mid_run_is_a_crash_though_the_trainers_recorded_a_stop(tmp_path):
+    """The launcher stops the trainers with SIGTERM once every vLLM server is gone, and they
+    record that as a stop: without a signal to the launcher it is still the server's crash
+    (transient, permanent when repeated), not `stopped`; a signal to us (preemption) wins."""
+    line = "every vLLM server is lost: 127.0.0.1:8000 exited with code 1 after 1 restarts"
+    watched = Watched(-15, server_died=f"{line}\n(its log's last lines)")
+    trainers_stop = ("SIGTERM received by the training processes", None, None, 0)
+    found = classify(tmp_path, watched, trainers_stop, None, tmp_path / "train.log")
+    assert (found.kind, found.reason, found.code) == ("crash", line, 1)
+    again = classify(tmp_path, watched, trainers_stop, {"outcome": "crash", "reason": line}, "x")
+    assert is_permanent(again)
+    preempted = ("SIGTERM received", "SIGTERM", None, 0)
+    assert classify(tmp_path, watched, preempted, None, "x").kind == "stopped"
 
 
 def test_classes_from_exit_reports_and_log_lines():

@@ -223,8 +223,9 @@ def log_tail(path, lines: int = 60) -> str:
 
 def classify(output_dir, watched, stop, previous: Mapping | None, train_log) -> Outcome:
     """The attempt's class from what the launcher saw, most certain first: the completion
-    marker, a hang, a dead reward-model server, a stop (stop: stop_outcome's arguments, or
-    None), a dead vLLM server, the trainers' exit reports, the end of the train log.
+    marker, a hang, a dead reward-model or vLLM server (unless a signal stopped us), a stop
+    (stop: stop_outcome's arguments, or None), the trainers' exit reports, the end of the
+    train log.
 
     watched: launch/watchdog.py Watched.
     """
@@ -232,11 +233,14 @@ def classify(output_dir, watched, stop, previous: Mapping | None, train_log) -> 
         return Outcome("completed", "training complete", 0)
     if watched.hang is not None:
         return Outcome("hang", one_line(watched.hang.reason), EXIT_FAILED)
-    lost = watched.reward_server_died
-    if lost is not None and (stop is None or stop[1] is None):
-        # A stop without a signal of ours is the trainers' record of the SIGTERM the launcher
-        # sent them because that server died (a signal's stop, e.g. preemption, wins).
-        return crash_outcome(lost.splitlines()[0], previous, "reward_server_lost")
+    # A stop without a signal of ours is the trainers' record of the SIGTERM the launcher sent
+    # them because a server died (a signal's stop, e.g. preemption, wins).
+    if stop is None or stop[1] is None:
+        if watched.reward_server_died is not None:
+            lost = watched.reward_server_died.splitlines()[0]
+            return crash_outcome(lost, previous, "reward_server_lost")
+        if watched.server_died is not None:
+            return crash_outcome(watched.server_died.splitlines()[0], previous)
     tail = log_tail(train_log)
     node_failure = _node_failure_line(tail)  # srun or Slurm: a node of the job failed
     if stop is not None:
@@ -244,8 +248,6 @@ def classify(output_dir, watched, stop, previous: Mapping | None, train_log) -> 
         if node_failure is not None:  # the stop was Slurm ending the job because of it
             return Outcome("node_failure", node_failure, found.code, found.requeued_by_slurm)
         return found
-    if watched.server_died is not None:
-        return crash_outcome(watched.server_died.splitlines()[0], previous)
     if node_failure is not None:  # the ranks' errors follow from it
         return Outcome("node_failure", node_failure, EXIT_FAILED)
     reports, beats = read_exit_reports(output_dir), read_heartbeats(output_dir)
