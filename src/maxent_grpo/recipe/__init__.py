@@ -51,7 +51,7 @@ class Recipe:
     env: Mapping[str, str]  # the `env:` block, applied where a process starts
     overrides: tuple[str, ...]  # the flags after the recipe file
     world_size: int
-    notes: tuple[str, ...] = ()  # lines about keys read under another name (aliases)
+    notes: tuple[str, ...] = ()  # `note:` lines for check: aliases read, then what checks add
 
     @property
     def output_dir(self) -> str:

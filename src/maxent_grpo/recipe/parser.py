@@ -49,7 +49,7 @@ class RecipeKeys:
     values: Mapping[str, Any]
     env: Mapping[str, str]  # the recipe's `env:` block: for the run's processes, not for us
     overrides: tuple[str, ...] = ()  # the flags after the recipe file, as given
-    notes: tuple[str, ...] = ()  # lines about keys read under another name (aliases)
+    notes: tuple[str, ...] = ()  # `note:` lines for check: aliases read, then what checks add
     sweep: SweepSection | None = None  # the recipe's `sweep:` section (maxent-grpo sweep)
 
     def __getattr__(self, name: str) -> Any:
