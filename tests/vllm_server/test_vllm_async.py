@@ -63,6 +63,17 @@ def step_metrics(output_dir) -> dict[int, dict]:
     return found
 
 
+def assert_maxent_and_filter(steps: dict[int, dict], changed: dict[int, dict]) -> None:
+    """MaxEnt weighted the completions made ahead and the filter judged them (it keeps all);
+    MaxEnt's tau, moved by steps 1-4, is the checkpoint's in both resumes (not restarted)."""
+    for step in (2, 4, 5, 7):
+        assert 0.0 < steps[step]["maxent/weight_entropy"] <= 1.3863, step  # <= log 4
+        assert steps[step]["rollouts/kept_fraction/diverse"] == 1.0, step
+    taus = [steps[1]["maxent/tau"], steps[STOP_AT + 1]["maxent/tau"]]
+    assert taus[1] != pytest.approx(taus[0]), taus
+    assert changed[STOP_AT + 1]["maxent/tau"] == pytest.approx(taus[1]), taus
+
+
 def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
     tmp_path, tiny_model, lora_server
 ):
@@ -130,10 +141,6 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
         assert steps[step]["async/staleness_max"] == 1.0, step
         assert steps[step]["rollouts/groups_generated"] == 6.0, step
     assert all("async/prefetched" not in steps[s] for s in (3, 6))
-    # MaxEnt weighted the completions made ahead, and the filter judged them (it keeps all).
-    for step in (2, 4, 5, 7):
-        assert 0.0 < steps[step]["maxent/weight_entropy"] <= 1.3863, step  # <= log 4
-        assert steps[step]["rollouts/kept_fraction/diverse"] == 1.0, step
     # Only the adapter went to the server: a few KB, not the model.
     sent = [m["vllm/weight_sync_bytes"] for m in steps.values() if "vllm/weight_sync_bytes" in m]
     assert sent and all(0 < size < 200_000 for size in sent), sent
@@ -155,7 +162,4 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
     changed = step_metrics(tampered / "out")
     assert changed[STOP_AT + 1]["async/prefetched"] == 0.0
     assert changed[STEPS]["async/prefetched"] == 1.0
-    # MaxEnt's tau, moved by steps 1-4, is the checkpoint's in both resumes (not restarted).
-    taus = [steps[1]["maxent/tau"], steps[STOP_AT + 1]["maxent/tau"]]
-    assert taus[1] != pytest.approx(taus[0]), taus
-    assert changed[STOP_AT + 1]["maxent/tau"] == pytest.approx(taus[1]), taus
+    assert_maxent_and_filter(steps, changed)
