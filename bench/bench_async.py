@@ -19,7 +19,17 @@ Cases:
   synchronous run the trainers' wait for generation (time/waiting_s) and their own share of
   the step (step - waiting) are about equal: the balanced case, where the async step should
   approach the longer of the two, not their sum;
-- short: 8-token completions, where the trainers' side is the longer one.
+- short: 8-token completions, where the trainers' side is the longer one;
+- oversample: `oversample_factor: 2` (rollout rounds, docs/rollouts.md): each step that
+  generates asks for 4 groups, trains on 2 and carries 2, so every other step is filled by
+  carried groups and generates nothing. Its steps alternate, so its figures use the mean step
+  (an even number of steps), and the split by kind of step (generating, carried) says where
+  the step waits. `--cases` picks cases.
+Wall time moves with other work on the machine: each run also gives the CPU-seconds of the
+trainer (the training command and its children) and of the server's processes during the run,
+which do not. vLLM binds only its engine's compute threads (VLLM_CPU_OMP_THREADS_BIND); its
+HTTP process runs on any core, the trainer's too: `--pin-server` puts every server process on
+the server's core.
 On GPUs the server and the trainers have their own devices; here the figures show what the
 pipeline does with one core each.
 """
@@ -27,7 +37,10 @@ pipeline does with one core each.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import os
+import resource
 import statistics
 import subprocess
 import tempfile
@@ -46,7 +59,12 @@ from benchlib import (
     write_result,
 )
 
-CASES = {"smoke": {}, "short": {"max_completion_length": 8}}
+CASES = {
+    "smoke": {},
+    "short": {"max_completion_length": 8},
+    "oversample": {"oversample_factor": 2.0},
+}
+ALTERNATING = {"oversample"}  # steps that generate alternate with steps that do not
 SERVER_CORES, TRAINER_CORES = "0", "1"  # one each, as on GPUs each side has its own device
 
 
@@ -59,17 +77,34 @@ def step_metrics(output_dir: Path) -> dict[int, dict]:
     return found
 
 
+def mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def summary(steps: dict[int, dict], completions_per_step: int) -> dict:
     timed = [m for s, m in sorted(steps.items()) if s > 3]
     step_s = [m["time/step_s"] for m in timed]
     middle = sorted(timed, key=lambda m: m["time/step_s"])[len(timed) // 2]
+    even = step_s[len(step_s) % 2 :]  # steps that alternate (oversample) in whole pairs
+    generating = [m for m in timed if m.get("rollouts/rounds", 1) > 0]
+    carried = [m for m in timed if m.get("rollouts/rounds", 1) == 0]
     return {
         "median_step_s": median(step_s),
-        "min_step_s": min(step_s),
+        "mean_step_s": mean(even),
+        "mean_sync_s": mean([m["time/sync_s"] for m in timed[len(timed) % 2 :]]),
+        "generating_step_s": median([m["time/step_s"] for m in generating]),
+        "carried_step_s": median([m["time/step_s"] for m in carried]),
+        "generating_wait_s": median([m["time/waiting_s"] for m in generating]),
+        "async_wait_s": median([m["async/wait_s"] for m in generating if "async/wait_s" in m]),
+        "min_step_s": min(step_s, default=None),
         "generation_s": median([m["time/generation_s"] for m in timed]),
         "training_s": median([m["time/training_s"] for m in timed]),
-        "waiting_s": median([m["time/waiting_s"] for m in timed]),
-        "trainer_side_s": median([m["time/step_s"] - m["time/waiting_s"] for m in timed]),
+        "median_waiting_s": median([m["time/waiting_s"] for m in timed]),
+        "median_trainer_side_s": median([m["time/step_s"] - m["time/waiting_s"] for m in timed]),
+        "mean_waiting_s": mean([m["time/waiting_s"] for m in timed[len(timed) % 2 :]]),
+        "mean_trainer_side_s": mean(
+            [m["time/step_s"] - m["time/waiting_s"] for m in timed[len(timed) % 2 :]]
+        ),
         "trainer_busy": middle.get("time/trainer_busy"),
         "server_busy": middle.get("time/server_busy"),
         "staleness_max": max((m.get("async/staleness_max", 0.0) for m in timed), default=0.0),
@@ -84,19 +119,54 @@ def run_once(workdir: Path, name: str, base: Path, plan_for, keys: dict, process
     recipe = write_recipe(folder, base=base, **keys)
     command, env = plan_for(recipe)  # its host and port are the shared server's
     command = ["taskset", "-c", TRAINER_CORES, *command]
+    server_before, trainer_before = server_cpu(), children_cpu()
     started = time.monotonic()
     result = subprocess.run(
         command, env=child_env(**env), capture_output=True, text=True, timeout=900
     )
+    wall = time.monotonic() - started
+    trainer_cpu, server_s = children_cpu() - trainer_before, server_cpu() - server_before
     if result.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     steps = step_metrics(folder / "out")
     per_step = keys["per_device_train_batch_size"] * processes
-    return {"wall_s": time.monotonic() - started, **summary(steps, per_step)}
+    return {
+        "wall_s": wall,
+        "trainer_cpu_s": trainer_cpu,
+        "server_cpu_s": server_s,
+        "load": list(os.getloadavg()),
+        **summary(steps, per_step),
+    }
+
+
+def children_cpu() -> float:
+    """CPU-seconds of this process's finished children (the training command's tree)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+SERVER_PIDS: list[int] = []  # the shared server's process, while it runs
+
+
+def server_cpu() -> float:
+    """CPU-seconds so far of the shared server's processes (its API server and engine)."""
+    import psutil  # installed with vLLM's dependencies
+
+    total = 0.0
+    for pid in SERVER_PIDS:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    times = proc.cpu_times()
+                    total += times.user + times.system
+    return total
 
 
 @contextlib.contextmanager
-def shared_server(workdir: Path, processes: int, base_keys: dict, base: Path = SMOKE_VLLM):
+def shared_server(
+    workdir: Path, processes: int, base_keys: dict, base: Path = SMOKE_VLLM, pin: bool = False
+):
     """One vLLM CPU server (the plan's command, its threads bound to SERVER_CORES) for every
     run; yields plan_for(recipe) -> (training command, env) aimed at that server."""
     from maxent_grpo.launch.plan import Environment, Ports, make_plan
@@ -114,12 +184,58 @@ def shared_server(workdir: Path, processes: int, base_keys: dict, base: Path = S
     first = write_recipe(workdir / "server", base=base, **base_keys)
     plan = make_plan(environment, read_recipe(["--config", str(first)]), ports)
     server_env = child_env(VLLM_CPU_OMP_THREADS_BIND=SERVER_CORES)
-    server = VLLMServer(plan.server, workdir / "vllm.log", server_env).start()
+    server_plan = plan.server
+    if pin:  # every server process on its core, its HTTP side included, not only the engine
+        command = ("taskset", "-c", SERVER_CORES, *server_plan.command)
+        server_plan = dataclasses.replace(server_plan, command=command)
+    server = VLLMServer(server_plan, workdir / "vllm.log", server_env).start()
     try:
         server.wait_until_healthy()
+        SERVER_PIDS[:] = [server.pid]
         yield plan_for
     finally:
+        SERVER_PIDS.clear()
         server.stop()
+
+
+def case_figures(case: str, runs: dict[str, list[dict]]) -> list[dict]:
+    """One case's figures; an alternating case (oversample) by its mean step."""
+    kind = "mean" if case in ALTERNATING else "median"
+
+    def middle(side: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[side])
+
+    sync, fast = middle("sync", f"{kind}_step_s"), middle("async", f"{kind}_step_s")
+    # The two sides of the synchronous step: the trainers' wait for the server, and the rest.
+    gen, train = middle("sync", f"{kind}_waiting_s"), middle("sync", f"{kind}_trainer_side_s")
+    busiest = max(runs["async"][0]["trainer_busy"] or 0, runs["async"][0]["server_busy"] or 0)
+    cpu = {side: [middle(side, f"{part}_cpu_s") for part in ("trainer", "server")] for side in runs}
+    waits = [r["async_wait_s"] for r in runs["async"] if r["async_wait_s"] is not None]
+    return [
+        figure(f"{case}: sync {kind} step", sync, "s"),
+        figure(f"{case}: async {kind} step", fast, "s"),
+        figure(
+            f"{case}: steps per hour async / sync ({kind} step)",
+            sync / fast,
+            "x",
+            is_ratio=True,
+            note="CPU-s per run, trainer / server: sync {:.1f} / {:.1f}, "
+            "async {:.1f} / {:.1f}".format(*cpu["sync"], *cpu["async"]),
+        ),
+        figure(
+            f"{case}: step async / sync",
+            fast / sync,
+            "x",
+            target=max(gen, train) / (gen + train) + 0.10,
+            note=f"sync step: waiting for generation {gen:.3f} s, trainers' side {train:.3f} s",
+        ),
+        figure(
+            f"{case}: async generating step's wait for its completions (median)",
+            statistics.median(waits) if waits else None,
+            "s",
+        ),
+        figure(f"{case}: busier side's share on the median async step", busiest, "x"),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds per case")
     parser.add_argument("--processes", type=int, default=1, help="training processes")
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument(
+        "--pin-server",
+        action="store_true",
+        help="taskset the whole server (its HTTP process too) to the server's core",
+    )
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-async-"))
     # The smoke recipe's 8 completions a step (2 groups of 4), on any process count.
@@ -135,10 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         max_steps=args.steps, save_strategy="no", per_device_train_batch_size=per_device
     )
     results: dict[str, dict] = {}
-    with shared_server(workdir, args.processes, base_keys) as plan_for:
+    with shared_server(workdir, args.processes, base_keys, pin=args.pin_server) as plan_for:
         warmup = {**base_keys, "max_steps": 4}
         run_once(workdir, "warmup", SMOKE_VLLM, plan_for, warmup, args.processes)
-        for case, extra in CASES.items():
+        for case in args.cases:
+            extra = CASES[case]
             runs: dict[str, list[dict]] = {"sync": [], "async": []}
             order = ["sync", "async", "async", "sync"] * args.rounds
             for i, side in enumerate(order):
@@ -148,31 +271,18 @@ def main(argv: list[str] | None = None) -> int:
                         workdir, f"{case}-{side}-{i}", SMOKE_VLLM, plan_for, keys, args.processes
                     )
                 )
-                print(f"{case} {side}: {runs[side][-1]['median_step_s']:.3f} s/step", flush=True)
+                done = runs[side][-1]
+                print(
+                    f"{case} {side}: median {done['median_step_s']:.3f} s/step, mean "
+                    f"{done['mean_step_s']:.3f}, CPU trainer {done['trainer_cpu_s']:.1f} s, "
+                    f"server {done['server_cpu_s']:.1f} s, load {done['load'][0]:.1f}",
+                    flush=True,
+                )
             results[case] = runs
-    figures = []
-    for case, runs in results.items():
-        sync = statistics.median(r["median_step_s"] for r in runs["sync"])
-        fast = statistics.median(r["median_step_s"] for r in runs["async"])
-        # The two sides of the synchronous step: the trainers' wait for the server, and the rest.
-        gen = statistics.median(r["waiting_s"] for r in runs["sync"])
-        train = statistics.median(r["trainer_side_s"] for r in runs["sync"])
-        busiest = max(runs["async"][0]["trainer_busy"] or 0, runs["async"][0]["server_busy"] or 0)
-        figures += [
-            figure(f"{case}: sync median step", sync, "s"),
-            figure(f"{case}: async median step", fast, "s"),
-            figure(f"{case}: steps per hour async / sync", sync / fast, "x", is_ratio=True),
-            figure(
-                f"{case}: step async / sync",
-                fast / sync,
-                "x",
-                target=max(gen, train) / (gen + train) + 0.10,
-                note=f"sync step: waiting for generation {gen:.3f} s, trainers' side {train:.3f} s",
-            ),
-            figure(f"{case}: busier side's share on the median async step", busiest, "x"),
-        ]
+    figures = [f for case, runs in results.items() for f in case_figures(case, runs)]
     print_figures(figures)
-    settings = {"steps": args.steps, "processes": args.processes}
+    settings = {"steps": args.steps, "processes": args.processes, "cases": args.cases}
+    settings["pin_server"] = args.pin_server
     write_result("async", {"figures": figures, "runs": results, **settings}, args.output)
     return 0
 
