@@ -123,12 +123,18 @@ def test_two_server_nodes_one_killed_mid_run_comes_back(multinode_cluster, tmp_p
         t_cut = time.monotonic()
         wait_for(lambda: len(_steps(out)) >= cut_at + 2, AFTER_CUT_S, "2 steps after the cut")
         after_cut = time.monotonic() - t_cut
+        # The launcher's verdict, and Slurm's: the node DOWN (without --no-kill, the end of the
+        # job). Then the link comes back: a job with a DOWN node waits in COMPLETING (~45 s).
+        wait_for(lambda: "not restarted" in slurm_out(tmp_path), 120, "no restart on the node")
+        wait_for(lambda: "down" in cluster.node_state(second), 120, "Slurm: the node down")
+        cut = cluster.cluster("restore-node", second, timeout=60).returncode != 0
         state = cluster.wait(job, timeout=600)
     finally:
         gate.unlink(missing_ok=True)
         cluster.cancel(job)
-        if cut:  # the node back, its leftover server gone, every node idle for the next test
+        if cut:
             cluster.cluster("restore-node", second, timeout=60)
+        if second is not None:  # its leftover server gone, every node idle for the next test
             wait_for(lambda: not _server_pids(cluster, second), 120, "the cut server's end")
             restarted = cluster.cluster("start", "--nodes", str(len(cluster.nodes)), timeout=300)
             assert restarted.returncode == 0, restarted.stderr
@@ -139,6 +145,8 @@ def test_two_server_nodes_one_killed_mid_run_comes_back(multinode_cluster, tmp_p
     printed = slurm_out(tmp_path)
     logs = "\n".join(p.read_text(errors="replace") for p in sorted((tmp_path / "logs").glob("*")))
     assert back and state == "COMPLETED", printed[-4000:] + logs[-6000:]
+    (record,) = cluster.job_records(job)  # one attempt: Slurm did not end the job at the cut
+    assert record.get("Restarts") == "0", record
     assert (
         f"vllm server: node {first}, CPU" in printed
         and f"vllm server: node {second}, CPU" in printed
