@@ -169,12 +169,9 @@ def test_a_slow_start_is_not_counted_as_silence(tmp_path, monkeypatch):
     assert events == [] and group.healthy_after >= 1.0
 
 
-def test_a_server_on_a_node_slurm_has_down_is_not_restarted(tmp_path, monkeypatch):
-    """A cut node: srun would wait for it. The run goes on with the other server."""
-    asked = []
-    monkeypatch.setattr(
-        server_group, "node_down", lambda node, timeout: asked.append(node) or "DOWN*"
-    )
+def _second_server_dies_once_under_slurm(tmp_path):
+    """Two stand-in servers under a Slurm job, the second dying once, while a trainer runs
+    1.4 s: the run goes on with the first. Returns the stopped group and its events."""
     events = Events()
     plans = (stand_in(), stand_in(die_after=0.3, marker=str(tmp_path / "died-once")))
     group = launch_servers(plans, tmp_path / "v.log", {"SLURM_JOB_ID": "7"}, events)
@@ -183,6 +180,16 @@ def test_a_server_on_a_node_slurm_has_down_is_not_restarted(tmp_path, monkeypatc
     finally:
         group.stop()
     assert watched.code == 0 and watched.server_died is None
+    return group, events
+
+
+def test_a_server_on_a_node_slurm_has_down_is_not_restarted(tmp_path, monkeypatch):
+    """A cut node: srun would wait for it. The run goes on with the other server."""
+    asked = []
+    monkeypatch.setattr(
+        server_group, "node_down", lambda node, timeout: asked.append(node) or "DOWN*"
+    )
+    group, events = _second_server_dies_once_under_slurm(tmp_path)
     assert [e for e, _ in events] == ["server_lost"] and asked == ["127.0.0.1"]
     assert "Slurm has the node DOWN*: not restarted" in group.gone[1]
     assert not (tmp_path / "v-server1-restart1.log").exists() and group.restarts == [0, 0]
@@ -192,14 +199,7 @@ def test_a_restart_is_abandoned_when_its_node_goes_down_meanwhile(tmp_path, monk
     """Slurm marks a silent node down some time after the loss (SlurmdTimeout)."""
     states = iter([None, "IDLE*"])
     monkeypatch.setattr(server_group, "node_down", lambda node, timeout: next(states, "IDLE*"))
-    events = Events()
-    plans = (stand_in(), stand_in(die_after=0.3, marker=str(tmp_path / "died-once")))
-    group = launch_servers(plans, tmp_path / "v.log", {"SLURM_JOB_ID": "7"}, events)
-    try:
-        watched = watch_training(trainer(tmp_path, 1.4), group, None, poll=0.1)
-    finally:
-        group.stop()
-    assert watched.code == 0 and watched.server_died is None
+    group, events = _second_server_dies_once_under_slurm(tmp_path)
     assert [e for e, _ in events] == ["server_lost"], events
     assert "restart abandoned; Slurm has the node IDLE*" in group.gone[1]
     assert group.restarts == [0, 1] and group.servers[1].poll() is not None  # stopped

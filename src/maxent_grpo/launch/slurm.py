@@ -129,18 +129,22 @@ def user_error_marker(logs_dir: Path, job: SlurmJob | None) -> Path | None:
 def job_record(job: SlurmJob | None, timeout: float = 10.0) -> dict[str, str] | None:
     """Slurm's record of this job (`scontrol show job -o`: JobState, PreemptTime, ...), or None
     outside Slurm or when scontrol does not answer in `timeout` seconds."""
-    if job is None:
-        return None
+    return None if job is None else _scontrol_record("job", job.job_id, "JobId=", timeout)
+
+
+def _scontrol_record(kind: str, name: str, key: str, timeout: float) -> dict[str, str] | None:
+    """`scontrol show KIND -o NAME`'s first line holding `key`, parsed; None when scontrol is
+    missing, fails or does not answer in `timeout` s."""
     try:
         result = subprocess.run(
-            ["scontrol", "show", "job", "-o", job.job_id],
+            ["scontrol", "show", kind, "-o", name],
             capture_output=True,
             text=True,
             timeout=timeout,
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    lines = [line for line in result.stdout.splitlines() if "JobId=" in line]
+    lines = [line for line in result.stdout.splitlines() if key in line]
     if result.returncode != 0 or not lines:
         return None
     return parse_record(lines[0])
@@ -153,19 +157,10 @@ _UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "FUTURE")
 def node_down(node: str, timeout: float = 10.0) -> str | None:
     """Slurm's state of `node` when no step can start there (DOWN, DRAIN, FAIL, not responding:
     `*`), else None, also when scontrol does not answer in `timeout` s (outside Slurm)."""
-    try:
-        result = subprocess.run(
-            ["scontrol", "show", "node", "-o", node],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except (OSError, subprocess.SubprocessError):
+    record = _scontrol_record("node", node, "NodeName=", timeout)
+    if record is None:
         return None
-    lines = [line for line in result.stdout.splitlines() if "NodeName=" in line]
-    if result.returncode != 0 or not lines:
-        return None
-    state = parse_record(lines[0]).get("State", "")
+    state = record.get("State", "")
     unusable = state.endswith("*") or any(word in state for word in _UNUSABLE)
     return state if unusable else None
 
