@@ -233,10 +233,11 @@ class ServerPool:
         self.live.sort()
         return back
 
-    def each(self, call: Callable, what: str, rejoin: bool = True) -> None:
+    def each(self, call: Callable, what: str, rejoin: bool = True, watch: bool = True) -> None:
         """call(client) on every live server in turn (weight sync), timed per server; a
         server that fails it is lost; raises when none is left. rejoin: lost servers that
-        answer again first (only for a call that gives them the weights)."""
+        answer again first (only for a call that gives them the weights). watch: on a thread
+        of its own, given up when the server goes silent (_watched)."""
         if rejoin:
             self.rejoin()
         self._check_any()
@@ -246,7 +247,10 @@ class ServerPool:
             client = self.clients[index]
             start = time.perf_counter()
             try:
-                self._watched(index, functools.partial(call, client))
+                if watch:
+                    self._watched(index, functools.partial(call, client))
+                else:
+                    call(client)
             except Exception as exc:
                 if not _is_lost(exc):
                     raise
@@ -266,7 +270,13 @@ class ServerPool:
         tensors are kept until every server has had them: one copy of the weights on the main
         process's device for the length of the sync."""
         tensors = list(named_params)
-        self.each(lambda c: c.update_named_params(metadata, iter(tensors)), "NCCL weight sync")
+        # Not on a watch thread: CUDA's current device is per thread, and NCCL's broadcast
+        # runs where the group was made; a silent server fails it at NCCL's own timeout.
+        self.each(
+            lambda c: c.update_named_params(metadata, iter(tensors)),
+            "NCCL weight sync",
+            watch=False,
+        )
 
     def init_communicator(self, device) -> None:
         self.device = device
