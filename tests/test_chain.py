@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from helpers.paths import SMOKE
+from helpers.paths import REPO, SMOKE
 from maxent_grpo import cli
+
+QWEN = REPO / "recipes" / "Qwen2.5-1.5B-Instruct" / "grpo" / "config_math.yaml"
 
 
 def fake_sbatch(tmp_path: Path, monkeypatch) -> Path:
@@ -51,3 +53,19 @@ def test_a_bad_chained_recipe_queues_nothing(tmp_path, monkeypatch, capsys):
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: {second}:") and "num_generations (3)" in line
     assert not calls.exists()
+
+
+def test_a_job_with_several_servers_outlives_a_failed_node_the_others_do_not(
+    tmp_path, monkeypatch, capsys
+):
+    """--no-kill only for the chained job whose plan has a vLLM server on each of 2 nodes
+    (docs/scaling-generation.md); the first, one server, is ended and requeued by Slurm."""
+    calls = fake_sbatch(tmp_path, monkeypatch)
+    text = QWEN.read_text()
+    first, second = tmp_path / "one.yaml", tmp_path / "two.yaml"
+    first.write_text(f"{text}\noutput_dir: {tmp_path}/one\n")
+    second.write_text(f"{text}\noutput_dir: {tmp_path}/two\nvllm_nodes: 2\n")
+    argv = ["sbatch", "--config", str(first), "--gpus", "8", "--nodes", "4", "--chain"]
+    assert cli.main([*argv, str(second)]) == 0, capsys.readouterr().err
+    sent = [line.split() for line in calls.read_text().splitlines()]
+    assert ["--no-kill" in args for args in sent] == [False, True]

@@ -241,3 +241,6 @@ def test_sbatch_asks_slurm_to_keep_a_job_with_several_servers_when_a_node_fails(
 
     assert node_loss_options(prepared(2)) == ["--no-kill"]
     assert node_loss_options(prepared(1)) == [] == node_loss_options(prepared(0))
+    # a sweep's array: every point's plan, since the option holds for all its tasks
+    assert node_loss_options(prepared(2), prepared(3)) == ["--no-kill"]
+    assert node_loss_options(prepared(2), prepared(1)) == [] == node_loss_options()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.paths import SMOKE
+from helpers.paths import REPO, SMOKE
 from maxent_grpo import cli
 from maxent_grpo.errors import ConfigProblems, UserError
 from maxent_grpo.launch.attempt import declared_output_dir
@@ -28,6 +28,8 @@ from maxent_grpo.launch.sweep import (
     read_points,
 )
 from maxent_grpo.recipe.parser import read_recipe
+
+QWEN = REPO / "recipes" / "Qwen2.5-1.5B-Instruct" / "grpo" / "config_math.yaml"
 
 
 def fake_sbatch(tmp_path: Path, monkeypatch) -> Path:
@@ -288,3 +290,18 @@ def test_nothing_to_sweep_is_one_line(tmp_path, monkeypatch, capsys):
         f"error: {SMOKE}: nothing to sweep: no --grid and no sweep: section; give --grid "
         "'key=[a,b]' or add sweep: {grid: {key: [a, b]}} to the recipe"
     ]
+
+
+@pytest.mark.parametrize(("nodes", "no_kill"), [("[2]", True), ("[1,2]", False)])
+def test_an_array_outlives_a_failed_node_only_when_every_point_has_several_servers(
+    tmp_path, monkeypatch, capsys, nodes, no_kill
+):
+    """--no-kill is the array's, for all its tasks: only when each point's plan has a vLLM
+    server on several nodes (a one-server run is ended and requeued by Slurm)."""
+    fake_sbatch(tmp_path, monkeypatch)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(QWEN.read_text() + f"\noutput_dir: {tmp_path}/out\n")
+    argv = ["sweep", "--config", str(recipe), "--gpus", "8", "--nodes", "4", "--dry-run"]
+    assert cli.main([*argv, "--grid", f"vllm_nodes={nodes}"]) == 0, capsys.readouterr().err
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("dry run:")]
+    assert ("--no-kill" in line.split()) == no_kill

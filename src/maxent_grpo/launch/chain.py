@@ -15,9 +15,10 @@ import argparse
 import subprocess
 
 from maxent_grpo.errors import ConfigProblems, UserError
-from maxent_grpo.launch.launcher import RunRequest
+from maxent_grpo.launch.launcher import Prepared, RunRequest
 from maxent_grpo.launch.sbatch import (
     check_for,
+    node_loss_options,
     planned_environment,
     require_slurm,
     sbatch_command,
@@ -29,18 +30,20 @@ def chain_requests(request: RunRequest, chained: list[str]) -> list[RunRequest]:
     return [request, *(RunRequest(recipe=r, logs_dir=request.logs_dir) for r in chained)]
 
 
-def check_chain(requests: list[RunRequest], environment) -> None:
-    """`check`'s verdict on every recipe of the chain, all problems at once."""
+def check_chain(requests: list[RunRequest], environment) -> list[Prepared]:
+    """`check`'s verdict on every recipe of the chain, all problems at once; their plans."""
     lines: list[str] = []
+    prepared = []
     for request in requests:
         try:
-            check_for(request, environment)
+            prepared.append(check_for(request, environment)[0])
         except ConfigProblems as exc:
             lines.extend(exc.problems)
         except UserError as exc:
             lines.append(str(exc))
     if lines:
         raise ConfigProblems(f"the chain {' -> '.join(r.recipe for r in requests)}", lines)
+    return prepared
 
 
 def chain_commands(requests: list[RunRequest], args: argparse.Namespace) -> list[list[str]]:
@@ -63,9 +66,10 @@ def main(request: RunRequest, args: argparse.Namespace) -> int:
     """Check every recipe, then queue them one behind the other; prints each job."""
     require_slurm("sbatch")
     requests = chain_requests(request, list(args.chain))
-    check_chain(requests, planned_environment(args.nodes, args.gpus))
+    prepared = check_chain(requests, planned_environment(args.nodes, args.gpus))
     jobs: list[str] = []
-    for request_, command in zip(requests, chain_commands(requests, args)):
+    for request_, plan, command in zip(requests, prepared, chain_commands(requests, args)):
+        command[1:1] = node_loss_options(plan)
         if jobs:
             command = after(command, jobs[-1])
         result = subprocess.run(command, capture_output=True, text=True, timeout=120)

@@ -119,12 +119,14 @@ def sbatch_command(request: RunRequest, args, job_name: str | None = None) -> li
     return command
 
 
-def node_loss_options(prepared: Prepared) -> list[str]:
-    """--no-kill for a plan with several vLLM servers: by default Slurm ends the whole job when
-    one of its nodes fails; with several servers the run can go on without one (the others
-    take its requests, launch/server_group.py). Not for one server: a failed node there ends
-    the run anyway, and Slurm's own end-and-requeue of the job is what resumes it."""
-    return ["--no-kill"] if len(prepared.plan.servers) > 1 else []
+def node_loss_options(*prepared: Prepared) -> list[str]:
+    """--no-kill for a job whose plans (a sweep's array: one per point) all have several vLLM
+    servers: by default Slurm ends the whole job when one of its nodes fails; with several
+    servers the run can go on without one (the others take its requests,
+    launch/server_group.py). Not for one server: a failed node there ends the run anyway, and
+    Slurm's own end-and-requeue of the job is what resumes it."""
+    several = prepared and all(len(one.plan.servers) > 1 for one in prepared)
+    return ["--no-kill"] if several else []
 
 
 def submit_sbatch(request: RunRequest, args, command: list[str]) -> str:

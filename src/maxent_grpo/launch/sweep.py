@@ -28,9 +28,10 @@ from pathlib import Path
 
 from maxent_grpo.errors import ConfigProblems, UserError
 from maxent_grpo.launch.attempt import declared_output_dir
-from maxent_grpo.launch.launcher import RunRequest
+from maxent_grpo.launch.launcher import Prepared, RunRequest
 from maxent_grpo.launch.sbatch import (
     check_for,
+    node_loss_options,
     planned_environment,
     require_slurm,
     sbatch_command,
@@ -112,13 +113,15 @@ def point_run(request: RunRequest, point: Point) -> RunRequest:
     return replace(request, run_name=None, overrides=(*kept, *point.flags))
 
 
-def check_points(request: RunRequest, points: list[Point], environment) -> None:
+def check_points(request: RunRequest, points: list[Point], environment) -> list[Prepared]:
     """`check`'s verdict on every point; all problems at once, each line once (naming the
-    points it was found in), as one ConfigProblems. Nothing is queued before this passes."""
+    points it was found in), as one ConfigProblems. Nothing is queued before this passes.
+    Returns the points' plans."""
     found: dict[str, list[str]] = {}
+    prepared = []
     for point in points:
         try:
-            check_for(point_run(request, point), environment)
+            prepared.append(check_for(point_run(request, point), environment)[0])
         except ConfigProblems as exc:
             for line in exc.problems:
                 found.setdefault(line, []).append(point.name)
@@ -132,6 +135,7 @@ def check_points(request: RunRequest, points: list[Point], environment) -> None:
             for line, names in found.items()
         ]
         raise ConfigProblems(f"the sweep of {request.recipe}", lines)
+    return prepared
 
 
 def points_path(sweep: str, points: list[Point]) -> Path:
@@ -208,13 +212,14 @@ def main(request: RunRequest, args) -> int:
     grid, throttle, name = sweep_settings(request, args)
     args = argparse.Namespace(**{**vars(args), "throttle": throttle})
     sweep, points = plan_sweep(request, grid, name)
-    check_points(request, points, planned_environment(args.nodes, args.gpus))
+    prepared = check_points(request, points, planned_environment(args.nodes, args.gpus))
     path = points_path(sweep, points)
     print(f"sweep {sweep}: {len(points)} point(s), all checked")
     for index, point in enumerate(points):
         shown = " ".join(f"{k}={v}" for k, v in point.values.items())
         print(f"  {index}  {point.name}  {shown}  -> {point.output_dir}")
     command = sweep_command(request, args, path, len(points), sweep)
+    command[1:1] = node_loss_options(*prepared)
     if args.dry_run:
         print(f"dry run: nothing queued; would write {path} and run: {' '.join(command)}")
         return 0
