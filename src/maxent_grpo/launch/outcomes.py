@@ -13,8 +13,7 @@ classes (docs/troubleshooting.md, "Why an attempt ended"):
   hang          no progress for hang_timeout seconds (launch/watchdog.py)
   crash         a process failed; the same error twice in a row is permanent
   node_failure  a node of the job failed (Slurm said so)
-  reward_server_lost  the reward-model server (reward_model_gpus) died while training ran;
-                a requeue starts it again; the same error twice in a row is permanent
+  reward_server_lost  the reward-model server died mid-run; twice in a row is permanent
 
 Requeues and array retries are spent only on transient classes.
 """
