@@ -61,17 +61,23 @@ def probe(url: str, timeout: float = PROBE_TIMEOUT) -> int | None:
         return None
 
 
-def _indented_tail(child, lines: int = LOG_TAIL_LINES) -> str:
+def indented_tail(child, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a server's log, each on a line of its own, indented."""
     tail = child.log_tail(lines).strip("\n")
     if not tail:
         return "\n    (the log is empty)"
     return "\n" + "\n".join("    " + line for line in tail.splitlines())
 
 
+def how_it_ended(code: int) -> str:
+    """A server process's exit code in words ("was killed by signal 9", "exited with code 1")."""
+    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
 def exit_message(child, code: int, when: str) -> str:
     """One line saying what happened, then the last lines of the server's log."""
-    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-    return f"vLLM server {how} {when}; last lines of {child.log_path}:" + _indented_tail(child)
+    how = how_it_ended(code)
+    return f"vLLM server {how} {when}; last lines of {child.log_path}:" + indented_tail(child)
 
 
 class HealthWait:
@@ -113,7 +119,7 @@ class HealthWait:
             answer = f"last answer HTTP {last}" if last is not None else "no answer"
             where = "check that a vLLM server runs there"
             if self.child is not None:
-                where = f"see the last lines of {self.child.log_path}:" + _indented_tail(self.child)
+                where = f"see the last lines of {self.child.log_path}:" + indented_tail(self.child)
             raise ServerError(
                 f"vLLM server not healthy after {self.timeout:g}s (vllm_server_timeout) at "
                 f"{self.url} ({answer}); a big model may need a larger vllm_server_timeout, "

@@ -23,14 +23,15 @@ from pathlib import Path
 
 from maxent_grpo.launch.plan import RewardModelPlan
 from maxent_grpo.launch.processes import Child
-from maxent_grpo.vllm_health import ServerError, ServerWaitCancelled, probe
+from maxent_grpo.vllm_health import (
+    ServerError,
+    ServerWaitCancelled,
+    how_it_ended,
+    indented_tail,
+    probe,
+)
 
 POLL_SECONDS = 0.5
-
-
-def _tail(child: Child) -> str:
-    lines = child.log_tail(15).strip("\n").splitlines() or ["(the log is empty)"]
-    return "\n" + "\n".join("    " + line for line in lines)
 
 
 class RewardModelServer:
@@ -64,7 +65,7 @@ class RewardModelServer:
             if code is not None:
                 raise ServerError(
                     f"reward model server exited with code {code} before it answered "
-                    f"{plan.health_url}; last lines of {self.log_path}:" + _tail(self.child)
+                    f"{plan.health_url}; last lines of {self.log_path}:" + indented_tail(self.child)
                 )
             if probe(plan.health_url, timeout=2.0) == 200:
                 took = clock() - start
@@ -75,7 +76,7 @@ class RewardModelServer:
                     f"reward model server not healthy after {plan.timeout:g}s "
                     f"(vllm_server_timeout) at {plan.health_url}; a big model may need a "
                     f"larger vllm_server_timeout, otherwise see {self.log_path}:"
-                    + _tail(self.child)
+                    + indented_tail(self.child)
                 )
             time.sleep(POLL_SECONDS)
 
@@ -85,10 +86,10 @@ class RewardModelServer:
         code = self.child.poll() if self.child is not None else None
         if code is None:
             return None
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        server = f"reward model server {self.plan.url} (model {self.plan.model})"
         return (
-            f"reward model server {self.plan.url} (model {self.plan.model}) {how} while "
-            f"training ran; its log: {self.log_path}\n  last lines:" + _tail(self.child)
+            f"{server} {how_it_ended(code)} while training ran; its log: {self.log_path}\n"
+            "  last lines:" + indented_tail(self.child)
         )
 
     def stop(self, grace: float = 10.0) -> int | None:
