@@ -144,10 +144,16 @@ def test_each_sample_is_as_old_as_the_server_that_made_it(monkeypatch):
 
     push(1)
     assert answer_versions() == ([1] * 16, [1] * 16)
-    b.down = True  # lost at the next push: it holds no known version any more
+    b.down = True  # lost at the next push: restarted, it would hold the base model
     push(2)
-    assert pool.versions == [2, None]
+    assert pool.versions == [2, server_pool.BASE_VERSION]
     assert answer_versions() == ([2] * 16, [2] * 16)
+    # Were it to answer before a push gave it the weights, its samples would count as the base
+    # model's (stale, dropped), not as the last push's.
+    b.down, b.weights, pool.live = False, 0, [0, 1]
+    versions, made = answer_versions()
+    assert sorted(set(zip(versions, made))) == [(0, 0), (2, 2)], (versions, made)
+    b.down, pool.live = True, [0]
     b.down, b.weights = False, 0  # restarted with the base model: back only with the weights
     monkeypatch.setattr(server_pool, "probe", lambda url, timeout: 200)
     push(3)

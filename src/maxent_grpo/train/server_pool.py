@@ -20,9 +20,11 @@ SERVERS_VARIABLE) and a ServerPool in place of the one client TRL's VLLMGenerati
   rejoin, so they get the step's weights before they take a request (each lost server is
   asked at most once every REJOIN_EVERY_S).
 - Policy versions (async_generation): `mark_synced(version)` after a push records the version
-  each server that took it now holds (a lost server holds none: restarted, it has the base
-  model); each answer says, per prompt, the version of the server that made it
-  (`policy_versions`), so a sample's staleness is measured against its own server.
+  each server that took it now holds; each answer says, per prompt, the version of the server
+  that made it (`policy_versions`), so a sample's staleness is measured against its own
+  server. A lost server is taken to hold version 0 (BASE_VERSION: restarted, it has the base
+  model) until a push gives it the weights: should it ever answer before that, its samples
+  count as that old (dropped as stale), not as the last push's.
 
 Why not the `vllm-router` package: it is a separate Rust process to start, watch and restart,
 it does not carry the weight-sync calls (dev-mode /collective_rpc, the NCCL group per server)
@@ -53,6 +55,8 @@ SILENT_S = 20.0
 # A lost server is asked whether it is back at a weight sync at most once every REJOIN_EVERY_S:
 # a dead node does not refuse, the probe waits (3 s per step measured on the test cluster).
 REJOIN_EVERY_S = 30.0
+# The policy version of a restarted server: the base model, before any optimizer step.
+BASE_VERSION = 0
 # What loses a server (the others take its work); anything else is the request's own fault.
 LOST = (requests.ConnectionError, requests.Timeout)
 
@@ -97,7 +101,8 @@ class ServerPool:
         self.prompts_served = [0] * len(self.clients)  # per server, since the start
         self.last_sync_seconds: dict[str, float] = {}  # per server URL, the last sync
         self.device = None  # NCCL sync: the trainer's device, for a rejoining server's group
-        self.versions: list[int | None] = [None] * len(self.clients)  # policy version held
+        # policy version held (None: not tracked yet, the version pushed before the request)
+        self.versions: list[int | None] = [None] * len(self.clients)
         self._given: list[int] = []  # the servers that took the last weight push
         self._asked: dict[int, float] = {}  # lost server -> when rejoin() may ask it again
 
@@ -117,7 +122,7 @@ class ServerPool:
     def _lose(self, index: int, why: str) -> None:
         if index in self.live:
             self.live.remove(index)
-            self.versions[index] = None
+            self.versions[index] = BASE_VERSION  # what it holds if it comes back, until a push
             self._asked.pop(index, None)  # asked again at the next sync
             url = self.clients[index].base_url
             print(
