@@ -60,7 +60,11 @@ def test_three_nodes_vllm_server_on_the_first_trains_on_the_others(
     multinode_cluster, tmp_path, tiny_model
 ):
     cluster = multinode_cluster
-    recipe = _small(tmp_path, tiny_model, SMOKE_VLLM, max_steps=4, save_steps=2)
+    # Async generation across nodes (docs/async.md): the main process, on node 2, gathers both
+    # trainers' next prompts and sends them ahead; the checkpoint at step 2 waits for them.
+    recipe = _small(
+        tmp_path, tiny_model, SMOKE_VLLM, max_steps=4, save_steps=2, async_generation=True
+    )
     t0 = time.monotonic()
     job = sbatch_training(cluster, tmp_path, recipe, "--nodes=3")
     state = cluster.wait(job, timeout=600)
@@ -78,8 +82,24 @@ def test_three_nodes_vllm_server_on_the_first_trains_on_the_others(
     history = yaml.safe_load((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
     steps = {e["step"]: e for e in history if "loss" in e}
     assert sorted(steps) == [1, 2, 3, 4]
-    # Every step generated on node 0's server with the weights of the step before (disk sync).
+    # Every step pushed its weights to node 0's server (disk sync) before the next request.
     assert all(steps[s]["vllm/weight_sync_seconds"] > 0 for s in steps)
+    # Steps 2-4 trained on completions generated during the step before, from the weights one
+    # step older (the first step has none waiting).
+    made_ahead = [steps[s]["async/prefetched"] for s in steps]
+    staleness = [steps[s].get("async/staleness_max") for s in steps]
+    assert made_ahead == [0.0, 1.0, 1.0, 1.0] and staleness == [None, 1.0, 1.0, 1.0], steps
+    # The checkpoint at step 2 waited for step 3's request, in flight: the main process (node
+    # 2) saved its 8 completions with their policy version (1), node 3's rank its prompts.
+    import torch  # here: the other multinode tests need not pay for it
+
+    saved = [
+        torch.load(tmp_path / "out" / "checkpoint-2" / f"registered_state-{rank}.pt")
+        for rank in (0, 1)
+    ]
+    ahead = [state["pieces"]["async_generation"] for state in saved]
+    assert [(a["step"], a["version"]) for a in ahead] == [(3, 1), (3, 1)], ahead
+    assert len(ahead[0]["payload"][0]) == 8 and ahead[1]["payload"] is None, ahead
     assert (tmp_path / "out" / "maxent_grpo_training_complete.json").is_file()
     # Nothing of the run is left on any node: no launcher, trainer or server (vLLM's engine
     # process is titled VLLM::EngineCore).

