@@ -35,31 +35,36 @@ def problems_of(argv, **kwargs) -> tuple[str, ...]:
 
 
 def test_check_reports_every_problem_then_the_count(tmp_path):
+    """Every problem the schema and the launcher's checks find, in one run that imports no TRL
+    (prepare, launch/launcher.py); the built sections' rules once the keys read cleanly."""
+    kl_rule = "kl_target: 0.05\n"  # rule: kl_target without kl_horizon (GRPOConfig's)
     path = recipe(
         tmp_path,
         "num_generation: 4\n"  # unknown key
         "learning_rate: fast\n"  # bad value
         "vllm_server_timeout: 0\n"  # range
-        "kl_target: 0.05\n"  # rule: kl_target without kl_horizon
-        "torch_dtype: float32\n",  # renamed key: the migration line
+        + kl_rule
+        + "torch_dtype: float32\n",  # renamed key: the migration line
     )
     result = run([MAXENT_GRPO, "check", "--config", path], timeout=300)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
-    assert lines[-1] == f"5 problems in {path}"
+    assert lines[-1] == f"4 problems in {path}"
     problems = lines[:-1]
     assert all(line.startswith(f"error: {path}: ") for line in problems), lines
     expected = [
         "unknown key 'num_generation'; did you mean 'num_generations'",
         "key 'learning_rate': 'fast' is invalid (expected float)",
         "key 'vllm_server_timeout': 0.0 is invalid (must be > 0)",
-        "kl_horizon: not set; an adaptive beta needs both kl_target and kl_horizon",
         "key 'torch_dtype' (transformers 5): renamed to dtype (TRL's ModelConfig); "
         "use dtype: float32 instead",
     ]
     for fragment in expected:
         assert sum(fragment in line for line in problems) == 1, (fragment, lines)
     assert "Traceback" not in result.stderr
+    # The keys fixed, building the sections (check's next stage) reports the rule.
+    kl = "kl_horizon: not set; an adaptive beta needs both kl_target and kl_horizon"
+    assert [kl in line for line in problems_of(["--config", recipe(tmp_path, kl_rule)])] == [True]
 
 
 def test_the_trainer_path_reports_them_all_too(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -121,3 +122,42 @@ assert not heavy, heavy
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_refusals_by_the_schema_import_no_training_stack(tmp_path):
+    """check, sbatch and submit refuse a recipe the schema refuses (a bad type, no dataset)
+    with its lines, exit 2 and no TRL or torch import (before: 6 s of imports, then the same
+    lines); plan (the path of run and training.sh) refuses the missing dataset too."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"model_name_or_path: x\nlearning_rate: fast\noutput_dir: {tmp_path}/out\n")
+    untyped = tmp_path / "no_data.yaml"  # every key well typed: the launcher's checks find it
+    untyped.write_text(f"model_name_or_path: x\noutput_dir: {tmp_path}/out\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/sbatch").write_text("#!/bin/sh\nexit 1\n")  # on PATH; never reached
+    (tmp_path / "bin/sbatch").chmod(0o755)
+    code = f"""
+import sys
+from maxent_grpo.cli import main
+for command in ("check", "sbatch", "submit", "plan"):
+    recipe = {str(untyped)!r} if command == "plan" else {str(bad)!r}
+    print(command, main([command, "--config", recipe]), file=sys.stderr)
+print(sorted({{"torch", "trl", "transformers", "datasets", "peft"}} & set(sys.modules)))
+"""
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "[]"  # no heavy library imported by any of the four
+    dataset = (
+        "dataset_name / dataset_mixture: exactly one is required (neither is set); set "
+        "dataset_name (hub id, builtin:NAME or local path) or dataset_mixture"
+    )
+    refusal = [
+        f"error: {bad}: key 'learning_rate': 'fast' is invalid (expected float)",
+        f"error: {bad}: {dataset}",
+        f"2 problems in {bad}",
+    ]
+    expected = [*refusal, "check 2", *refusal, "sbatch 2", *refusal, "submit 2"]
+    expected += [f"error: {untyped}: {dataset}", "plan 2"]
+    assert run.stderr.splitlines() == expected

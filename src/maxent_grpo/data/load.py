@@ -13,6 +13,8 @@ from maxent_grpo.data.errors import DataError
 from maxent_grpo.data.mixture import DatasetMixture, MixtureEntry
 from maxent_grpo.data.prompt_template import render, resolve_template
 from maxent_grpo.data.sources import BUILTIN_PREFIX, local_files, source_kind
+from maxent_grpo.errors import ConfigError
+from maxent_grpo.recipe.checks import check_dataset_source
 
 ANSWER_COLUMN_OUT = "solution"  # reward functions receive the reference answer as `solution=`
 
@@ -262,12 +264,10 @@ def check_source(args: Any) -> None:
     """Exactly one of dataset_name / dataset_mixture; builtin/local sources only have `train`."""
     name = args.dataset_name
     mixture = args.dataset_mixture
-    if (name is None) == (mixture is None):
-        state = "both are set" if name is not None else "neither is set"
-        raise DataError(
-            f"dataset_name / dataset_mixture: exactly one is required ({state}); "
-            "set dataset_name (hub id, builtin:NAME or local path) or dataset_mixture"
-        )
+    try:
+        check_dataset_source(name, mixture)  # the launcher's rule (recipe/checks.py)
+    except ConfigError as exc:
+        raise DataError(str(exc)) from None
     if mixture is not None and not isinstance(mixture, DatasetMixture):
         raise DataError(
             f"dataset_mixture: expected a parsed DatasetMixture (got {type(mixture).__name__}); "

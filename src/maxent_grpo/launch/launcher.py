@@ -100,7 +100,8 @@ def prepare(
     built and checked once, in the trainers.
 
     full: `maxent-grpo check`: build and check the typed recipe as the trainers will, for the
-    plan's processes (a superset of check_keys; imports TRL: seconds).
+    plan's processes (a superset of check_keys; imports TRL: seconds); unless the keys already
+    have a problem (check's outer `collecting`): then check_keys, and no TRL import.
 
     environment: the allocation to plan for (default: this machine's, from environ).
     packages: check that this environment has the packages the recipe needs (vLLM, DeepSpeed,
@@ -128,13 +129,14 @@ def prepare(
         environment = dataclasses.replace(environment, gpus=())
     with timed("prepare: make_plan"):
         plan = make_plan(environment, keys, ports)
-    with timed("prepare: checks"):
-        if full:  # check's notes: what scores the rollouts, data not measured (preflight)
+    with timed("prepare: checks"), collecting(keys.path) as problems:
+        # A recipe with problems already (the schema's, a missing package: check's outer
+        # collecting holds them) gets the cheap checks, not the build: no TRL import (seconds).
+        if full and not problems.lines:  # check's notes: what scores the rollouts (preflight)
             keys = dataclasses.replace(keys, notes=_build_and_check(keys, plan))
-        else:
-            with collecting(keys.path):  # every problem in one pass, as `check` reports them
-                check_keys(keys, plan.train.num_processes)
-                _check_data_and_rewards(keys)
+        else:  # every problem in one pass, as `check` reports them
+            check_keys(keys, plan.train.num_processes)
+            _check_data_and_rewards(keys)
     return Prepared(keys=keys, plan=plan, notes=overrides.notes)
 
 

@@ -192,6 +192,17 @@ def batch_for_processes(
     return {**values, **derived}, steps
 
 
+def check_dataset_source(name: str | None, mixture: Any) -> None:
+    """Exactly one of dataset_name / dataset_mixture (the data loader's rule too: it calls
+    this); on the values alone, so the launcher says it before any trainer starts."""
+    if (name is None) == (mixture is None):
+        state = "both are set" if name is not None else "neither is set"
+        raise ConfigError(
+            f"dataset_name / dataset_mixture: exactly one is required ({state}); "
+            "set dataset_name (hub id, builtin:NAME or local path) or dataset_mixture"
+        )
+
+
 def _looks_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~", ".cache")) or os.path.exists(name)
 
@@ -356,13 +367,16 @@ def check_launch(launch_args) -> None:
 def check_keys(keys: RecipeKeys, world_size: int) -> None:
     """The launcher's checks: what the values alone decide, without TRL, torch or datasets.
 
-    Batch arithmetic for `world_size` processes, model paths, output_dir and accelerate_config
-    (ranges and choices were checked when the keys were read). Rewards, data columns,
-    benchmarks and TRL's own `__post_init__` checks run in the trainers before a model is
-    loaded, and in `maxent-grpo check` (check_recipe on the built recipe).
+    Batch arithmetic for `world_size` processes, the data source, model paths, output_dir and
+    accelerate_config (ranges and choices were checked when the keys were read). Rewards, data
+    columns, benchmarks and TRL's own `__post_init__` checks run in the trainers before a model
+    is loaded, and in `maxent-grpo check` (check_recipe on the built recipe).
     """
     with collecting(keys.path) as problems:
         batch_for_processes(dict(keys.values), world_size)
+        with problems.check("dataset_name", "dataset_mixture"):
+            values = keys.values
+            check_dataset_source(values.get("dataset_name"), values.get("dataset_mixture"))
         with problems.check("model_name_or_path"):
             check_model_path(keys.model_name_or_path)
         if keys.values.get(REFERENCE) is not None:  # GRPO's key (SFT has no reference)
