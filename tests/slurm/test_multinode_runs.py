@@ -98,7 +98,7 @@ def test_three_nodes_vllm_server_on_the_first_trains_on_the_others(
         for rank in (0, 1)
     ]
     ahead = [state["pieces"]["async_generation"] for state in saved]
-    assert [(a["step"], a["version"]) for a in ahead] == [(3, 1), (3, 1)], ahead
+    assert [(a["step"], a.get("version")) for a in ahead] == [(3, 1), (3, 1)], ahead
     assert len(ahead[0]["payload"][0]) == 8 and ahead[1]["payload"] is None, ahead
     assert (tmp_path / "out" / "maxent_grpo_training_complete.json").is_file()
     # Nothing of the run is left on any node: no launcher, trainer or server (vLLM's engine
