@@ -247,3 +247,17 @@ def test_grpo_adaptive_kl_rules(tmp_path):
     assert parse_recipe(["--config", adaptive], world_size=4).training.kl_horizon == 16
     (line,) = problems_of(["--config", adaptive], world_size=5)
     assert "kl_horizon: 16: below the 20 completions of one optimizer step" in line
+
+
+def test_a_data_problem_does_not_stop_the_later_checks(tmp_path):
+    """check_recipe: the loader's DataError (a missing local file) is one problem among the
+    others; the rules after it (here the trainer's sync_ref_model with beta 0) still run."""
+    from maxent_grpo.preflight import check_recipe
+
+    missing = tmp_path / "missing.jsonl"
+    path = recipe(tmp_path, dataset_name=str(missing), sync_ref_model=True, beta=0.0)
+    with pytest.raises(ConfigProblems) as info:
+        check_recipe(parse_recipe(["--config", path]))
+    lines = info.value.problems
+    assert [str(missing) in line for line in lines] == [True, False], lines
+    assert "sync_ref_model: true with beta 0" in lines[1], lines

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from maxent_grpo.benchmarks.checks import check_benchmarks
+from maxent_grpo.data.errors import DataError
 from maxent_grpo.errors import ConfigError, UserError
 from maxent_grpo.methods import RL_METHODS
 from maxent_grpo.recipe import Recipe
@@ -193,7 +194,7 @@ def check_recipe(recipe: Recipe) -> Recipe:
             with problems.check("accelerate_config"):
                 check_launch(recipe.launch)
         if script is not None:
-            from maxent_grpo.data import DataError, check_prompt_template  # imports datasets
+            from maxent_grpo.data import check_prompt_template  # imports datasets
 
             try:
                 check_prompt_template(script)
@@ -203,8 +204,10 @@ def check_recipe(recipe: Recipe) -> Recipe:
             with problems.check(REFERENCE):
                 check_reference_model(training, recipe.model)
         if script is not None and not problems.failed("dataset_mixture"):
-            with problems.check("dataset_name", "dataset_prompt_column"):
+            try:
                 _check_columns(script, mixture)
+            except DataError as exc:  # one problem: the rules below still run
+                problems.add_error(exc, ["dataset_name", "dataset_prompt_column"])
         if (
             rl
             and None not in (script, training, recipe.model)
