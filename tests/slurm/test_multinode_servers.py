@@ -6,7 +6,7 @@ rest of the run (a silent node, not a killed process): the job outlives the node
 the trainers give up on its server within their silence bound (not vllm_server_timeout), the
 launcher does not restart it on a node Slurm has down; the run completes with no step lost.
 One job for both (the suite's time), with async generation on (docs/async.md): the kill, the
-return and the cut all happen while the next step's request is out, and every step after the
+return and the cut happen while the server generates a step ahead, and every step after the
 first still trains on completions made ahead, one policy version old, none dropped; the
 returned server serves only once it holds the current weights (train/server_pool.py). Needs
 vLLM's CPU build in this venv (`make test-multinode` installs it)."""
