@@ -2,36 +2,41 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_async.py [--steps 16] [--rounds 1]
 
-One server (the plan's command, started once) serves every run; 1 training process by default
-(`--processes`). The server's compute threads are bound to core 0 (VLLM_CPU_OMP_THREADS_BIND;
-by default vLLM's CPU engine binds every core) and the trainer to core 1 (taskset), as on GPUs
-each side has its own device: otherwise the overlap is bounded by the cores, not the pipeline
-(both sides would share both cores, and the step could not fall below their CPU seconds / 2,
-whatever the pipeline does). Each
-case runs the same recipe, seed and number of completions both ways, alternated ABBA after an
-untimed warm-up (vLLM's first generations). Per run: the median step time over the steps after
-the first three (which pay the trainers' start and the pipeline's fill), the trainers' and the
-server's busy shares on the median step (time/trainer_busy, time/server_busy), staleness, and
-the reward per completion generated (the reward curve, from events.jsonl).
+One server (started once) serves every run; 1 training process by default (`--processes`).
+Each side gets one core of its own, as on GPUs each side has its own device: the trainer runs
+on core 1 (taskset) and the whole server on core 0. For that the server runs the model in its
+engine process (vLLM's `uni` executor, kept on CPU only with VLLM_ENABLE_V1_MULTIPROCESSING=0):
+with the plan's command (`--server-as-planned`) vLLM's CPU build runs the model in a worker
+process and its engine waits for that worker's message queue spinning (sched_yield for 1 s
+after each read, vllm/distributed/device_communicators/shm_broadcast.py), so the server takes
+about 0.23 CPU-s per 0.12 s request, nearly both cores: pinned to one core its spinning engine
+starves its worker (1.06 s steps), unpinned it takes the trainer's core while the trainer
+trains, and the overlap measures the cores, not the pipeline. Contained, a request is 0.145 s
+and 0.145 CPU-s (2026-11-27, /tmp probe of 20 smoke-size requests). Each case runs the same
+recipe, seed and number of completions both ways, alternated ABBA after an untimed warm-up
+(vLLM's first generations). Per run: the median step time over the steps after the first three
+(which pay the trainers' start and the pipeline's fill), the trainers' and the server's busy
+shares on the median step (time/trainer_busy, time/server_busy), staleness, and the reward per
+completion generated (the reward curve, from events.jsonl).
 
 Cases:
-- smoke: recipes/smoke/config_grpo_vllm.yaml as it is (32-token completions): in the
-  synchronous run the trainers' wait for generation (time/waiting_s) and their own share of
-  the step (step - waiting) are about equal: the balanced case, where the async step should
-  approach the longer of the two, not their sum;
+- smoke: recipes/smoke/config_grpo_vllm.yaml as it is (32-token completions): generation is
+  the longer side (the trainers wait 0.165 s of a 0.256 s synchronous step);
+- balanced: 16-token completions, where the trainers' wait for generation (time/waiting_s) and
+  their own share of the step (step - waiting) are about equal: the async step should approach
+  the longer of the two, not their sum;
 - short: 8-token completions, where the trainers' side is the longer one;
 - oversample: `oversample_factor: 2` (rollout rounds, docs/rollouts.md): each step that
   generates asks for 4 groups, trains on 2 and carries 2, so every other step is filled by
   carried groups and generates nothing. Its steps alternate, so its figures use the mean step
   (an even number of steps), and the split by kind of step (generating, carried) says where
   the step waits. `--cases` picks cases.
-Wall time moves with other work on the machine: each run also gives the CPU-seconds of the
-trainer (the training command and its children) and of the server's processes during the run,
-which do not. vLLM binds only its engine's compute threads (VLLM_CPU_OMP_THREADS_BIND); its
-HTTP process runs on any core, the trainer's too: `--pin-server` puts every server process on
-the server's core.
-On GPUs the server and the trainers have their own devices; here the figures show what the
-pipeline does with one core each.
+The bound max(generation, training) / (generation + training) + 10 % is given two ways: with
+the weight push (time/sync_s) on the trainers' side, where the synchronous step's split puts
+it, and on the server's, which does its part (the reload) while the trainers wait for it and
+cannot generate meanwhile. Wall time moves with other work on the machine: each run also gives
+the CPU-seconds of the trainer (the training command and its children) and of the server's
+processes during the run, which do not.
 """
 
 from __future__ import annotations
@@ -61,11 +66,15 @@ from benchlib import (
 
 CASES = {
     "smoke": {},
+    "balanced": {"max_completion_length": 16},
     "short": {"max_completion_length": 8},
     "oversample": {"oversample_factor": 2.0},
 }
 ALTERNATING = {"oversample"}  # steps that generate alternate with steps that do not
 SERVER_CORES, TRAINER_CORES = "0", "1"  # one each, as on GPUs each side has its own device
+# The server contained in its core (the module doc): the model in the engine's process.
+CONTAINED_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+CONTAINED_ARGS = ("--distributed-executor-backend", "uni")
 
 
 def step_metrics(output_dir: Path) -> dict[int, dict]:
@@ -92,6 +101,7 @@ def summary(steps: dict[int, dict], completions_per_step: int) -> dict:
         "median_step_s": median(step_s),
         "mean_step_s": mean(even),
         "mean_sync_s": mean([m["time/sync_s"] for m in timed[len(timed) % 2 :]]),
+        "median_sync_s": median([m["time/sync_s"] for m in timed]),
         "generating_step_s": median([m["time/step_s"] for m in generating]),
         "carried_step_s": median([m["time/step_s"] for m in carried]),
         "generating_wait_s": median([m["time/waiting_s"] for m in generating]),
@@ -165,7 +175,11 @@ def server_cpu() -> float:
 
 @contextlib.contextmanager
 def shared_server(
-    workdir: Path, processes: int, base_keys: dict, base: Path = SMOKE_VLLM, pin: bool = False
+    workdir: Path,
+    processes: int,
+    base_keys: dict,
+    base: Path = SMOKE_VLLM,
+    as_planned: bool = False,
 ):
     """One vLLM CPU server (the plan's command, its threads bound to SERVER_CORES) for every
     run; yields plan_for(recipe) -> (training command, env) aimed at that server."""
@@ -185,8 +199,9 @@ def shared_server(
     plan = make_plan(environment, read_recipe(["--config", str(first)]), ports)
     server_env = child_env(VLLM_CPU_OMP_THREADS_BIND=SERVER_CORES)
     server_plan = plan.server
-    if pin:  # every server process on its core, its HTTP side included, not only the engine
-        command = ("taskset", "-c", SERVER_CORES, *server_plan.command)
+    if not as_planned:  # the whole server in its core (the module doc)
+        server_env.update(CONTAINED_ENV)
+        command = ("taskset", "-c", SERVER_CORES, *server_plan.command, *CONTAINED_ARGS)
         server_plan = dataclasses.replace(server_plan, command=command)
     server = VLLMServer(server_plan, workdir / "vllm.log", server_env).start()
     try:
@@ -208,6 +223,7 @@ def case_figures(case: str, runs: dict[str, list[dict]]) -> list[dict]:
     sync, fast = middle("sync", f"{kind}_step_s"), middle("async", f"{kind}_step_s")
     # The two sides of the synchronous step: the trainers' wait for the server, and the rest.
     gen, train = middle("sync", f"{kind}_waiting_s"), middle("sync", f"{kind}_trainer_side_s")
+    push = middle("sync", f"{kind}_sync_s")  # the weight push, inside the trainers' side
     busiest = max(runs["async"][0]["trainer_busy"] or 0, runs["async"][0]["server_busy"] or 0)
     cpu = {side: [middle(side, f"{part}_cpu_s") for part in ("trainer", "server")] for side in runs}
     waits = [r["async_wait_s"] for r in runs["async"] if r["async_wait_s"] is not None]
@@ -230,6 +246,14 @@ def case_figures(case: str, runs: dict[str, list[dict]]) -> list[dict]:
             note=f"sync step: waiting for generation {gen:.3f} s, trainers' side {train:.3f} s",
         ),
         figure(
+            f"{case}: step async / sync, the push on the server's side",
+            fast / sync,
+            "x",
+            target=max(gen + push, train - push) / (gen + train) + 0.10,
+            note=f"sync step: generation and push {gen + push:.3f} s, "
+            f"trainers' side without it {train - push:.3f} s",
+        ),
+        figure(
             f"{case}: async generating step's wait for its completions (median)",
             statistics.median(waits) if waits else None,
             "s",
@@ -245,9 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=1, help="training processes")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument(
-        "--pin-server",
+        "--server-as-planned",
         action="store_true",
-        help="taskset the whole server (its HTTP process too) to the server's core",
+        help="the plan's server command (a worker process; only its threads on core 0)",
     )
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-async-"))
@@ -257,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         max_steps=args.steps, save_strategy="no", per_device_train_batch_size=per_device
     )
     results: dict[str, dict] = {}
-    with shared_server(workdir, args.processes, base_keys, pin=args.pin_server) as plan_for:
+    with shared_server(
+        workdir, args.processes, base_keys, as_planned=args.server_as_planned
+    ) as plan_for:
         warmup = {**base_keys, "max_steps": 4}
         run_once(workdir, "warmup", SMOKE_VLLM, plan_for, warmup, args.processes)
         for case in args.cases:
@@ -282,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = [f for case, runs in results.items() for f in case_figures(case, runs)]
     print_figures(figures)
     settings = {"steps": args.steps, "processes": args.processes, "cases": args.cases}
-    settings["pin_server"] = args.pin_server
+    settings["server_as_planned"] = args.server_as_planned
     write_result("async", {"figures": figures, "runs": results, **settings}, args.output)
     return 0
 
