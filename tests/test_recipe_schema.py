@@ -132,6 +132,9 @@ def test_refusals_by_the_schema_import_no_training_stack(tmp_path):
     bad.write_text(f"model_name_or_path: x\nlearning_rate: fast\noutput_dir: {tmp_path}/out\n")
     untyped = tmp_path / "no_data.yaml"  # every key well typed: the launcher's checks find it
     untyped.write_text(f"model_name_or_path: x\noutput_dir: {tmp_path}/out\n")
+    # No output_dir: the build would fill in TRL's default, which the launcher refuses at start.
+    nowhere = tmp_path / "no_output.yaml"
+    nowhere.write_text("model_name_or_path: x\ndataset_name: builtin:arithmetic\n")
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin/sbatch").write_text("#!/bin/sh\nexit 1\n")  # on PATH; never reached
     (tmp_path / "bin/sbatch").chmod(0o755)
@@ -141,6 +144,7 @@ from maxent_grpo.cli import main
 for command in ("check", "sbatch", "submit", "plan"):
     recipe = {str(untyped)!r} if command == "plan" else {str(bad)!r}
     print(command, main([command, "--config", recipe]), file=sys.stderr)
+print("check", main(["check", "--config", {str(nowhere)!r}]), file=sys.stderr)
 print(sorted({{"torch", "trl", "transformers", "datasets", "peft"}} & set(sys.modules)))
 """
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
@@ -160,4 +164,5 @@ print(sorted({{"torch", "trl", "transformers", "datasets", "peft"}} & set(sys.mo
     ]
     expected = [*refusal, "check 2", *refusal, "sbatch 2", *refusal, "submit 2"]
     expected += [f"error: {untyped}: {dataset}", "plan 2"]
+    expected += [f"error: {nowhere}: output_dir: not set; give a writable directory", "check 2"]
     assert run.stderr.splitlines() == expected

@@ -132,7 +132,9 @@ def prepare(
     with timed("prepare: checks"), collecting(keys.path) as problems:
         # A recipe with problems already (the schema's, a missing package: check's outer
         # collecting holds them) gets the cheap checks, not the build: no TRL import (seconds).
-        if full and not problems.lines:  # check's notes: what scores the rollouts (preflight)
+        # So does one without output_dir, which the build would fill with TRL's default and
+        # the launcher refuses (check_keys).
+        if full and not problems.lines and keys.output_dir:  # notes: what scores the rollouts
             keys = dataclasses.replace(keys, notes=_build_and_check(keys, plan))
         else:  # every problem in one pass, as `check` reports them
             check_keys(keys, plan.train.num_processes)
