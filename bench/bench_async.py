@@ -31,6 +31,9 @@ Cases:
   carried groups and generates nothing. Its steps alternate, so its figures use the mean step
   (an even number of steps), and the split by kind of step (generating, carried) says where
   the step waits. `--cases` picks cases.
+`--replicas 2` serves from two engines behind one URL (`vllm_data_parallel_size`, the plan's
+server: each engine its own process, not bound): it shows async against replicas (staleness,
+what is made ahead), not their speed, as two engines on two cores only share them.
 The bound max(generation, training) / (generation + training) + 10 % is given two ways: with
 the weight push (time/sync_s) on the trainers' side, where the synchronous step's split puts
 it, and on the server's, which does its part (the reload) while the trainers wait for it and
@@ -197,7 +200,9 @@ def shared_server(
 
     first = write_recipe(workdir / "server", base=base, **base_keys)
     plan = make_plan(environment, read_recipe(["--config", str(first)]), ports)
-    server_env = child_env(VLLM_CPU_OMP_THREADS_BIND=SERVER_CORES)
+    # Replicas: one engine each, which one core list cannot bind (vLLM asserts): left free.
+    replicas = base_keys.get("vllm_data_parallel_size", 1)
+    server_env = child_env(VLLM_CPU_OMP_THREADS_BIND=SERVER_CORES if replicas == 1 else "nobind")
     server_plan = plan.server
     if not as_planned:  # the whole server in its core (the module doc)
         server_env.update(CONTAINED_ENV)
@@ -269,6 +274,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=1, help="training processes")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="vllm_data_parallel_size of the server (2: two engines behind one URL; with "
+        "--server-as-planned)",
+    )
+    parser.add_argument(
         "--server-as-planned",
         action="store_true",
         help="the plan's server command (a worker process; only its threads on core 0)",
@@ -280,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     base_keys = dict(
         max_steps=args.steps, save_strategy="no", per_device_train_batch_size=per_device
     )
+    if args.replicas > 1:  # vLLM's CPU build runs them as engine processes: as planned only
+        base_keys["vllm_data_parallel_size"] = args.replicas
+        args.server_as_planned = True
     results: dict[str, dict] = {}
     with shared_server(
         workdir, args.processes, base_keys, as_planned=args.server_as_planned
@@ -309,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     print_figures(figures)
     settings = {"steps": args.steps, "processes": args.processes, "cases": args.cases}
     settings["server_as_planned"] = args.server_as_planned
+    settings["replicas"] = args.replicas
     write_result("async", {"figures": figures, "runs": results, **settings}, args.output)
     return 0
 
