@@ -1,4 +1,4 @@
-"""Defaults by era (recipe/migration/era.py): `migrate` dates a recipe's TRL (its source, its
+"""Defaults by era (migrate/era.py): `migrate` dates a recipe's TRL (its source, its
 keys, `--trl-version`) and writes out, with their old values, the defaults that changed since;
 old values with no meaning today (top_k: -1) are translated."""
 
@@ -12,8 +12,8 @@ import yaml
 
 from helpers.migrating import run_cli
 from maxent_grpo.errors import ConfigError
-from maxent_grpo.recipe.migration.engine import default_drift, migrate_text
-from maxent_grpo.recipe.migration.era import ERA_DEFAULTS, LAST_WITH_KEY
+from maxent_grpo.migrate.engine import default_drift, migrate_text
+from maxent_grpo.migrate.era import ERA_DEFAULTS, LAST_WITH_KEY
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DEMO = FIXTURES / "open_r1" / "qwen25_15b_instruct_demo.yaml"  # open-r1's config_demo.yaml

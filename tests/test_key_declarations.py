@@ -132,7 +132,7 @@ def test_the_docs_reference_shows_each_declaration():
 
 def test_reward_defaults_and_builtin_benchmarks_agree_with_the_lower_layer():
     from maxent_grpo.benchmarks.spec import BUILTIN_BENCHMARKS
-    from maxent_grpo.recipe.migration.open_r1 import BUILTIN_BENCHMARK_NAMES
+    from maxent_grpo.migrate.open_r1 import BUILTIN_BENCHMARK_NAMES
     from maxent_grpo.recipe.script_keys import _PASSED_SETTINGS, ScriptArguments
     from maxent_grpo.rewards.registry import REWARD_SETTINGS
 

@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from helpers.migrating import run_cli
-from maxent_grpo.recipe.migration import MIGRATIONS
-from maxent_grpo.recipe.migration.engine import behaviour_differences, migrate_text
-from maxent_grpo.recipe.migration.rewards import UPSTREAM_REWARDS
-from maxent_grpo.recipe.migration.upstream import ORIGIN
-from maxent_grpo.recipe.migration.upstream_values import KEPT
+from maxent_grpo.migrate import MIGRATIONS
+from maxent_grpo.migrate.engine import behaviour_differences, migrate_text
+from maxent_grpo.migrate.rewards import UPSTREAM_REWARDS
+from maxent_grpo.migrate.upstream import ORIGIN
+from maxent_grpo.migrate.upstream_values import KEPT
 from maxent_grpo.recipe.schema import method_keys
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

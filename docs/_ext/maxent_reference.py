@@ -5,7 +5,7 @@ Nothing here is copied by hand: the recipe keys come from their declarations
 sections in ``maxent_grpo.recipe.sections.SECTIONS``: ``recipe.keys.GRPO_TYPES``,
 ``recipe.maxent_keys.MAXENT_TYPES``) through ``dataclasses.fields()`` and ``metadata["help"]``, each
 key's range and packages (``recipe.schema.key_declarations``) and the old keys migrated to it
-(``recipe.migration.MIGRATIONS``); the set of keys is the set of flags the recipe parser
+(``migrate.MIGRATIONS``); the set of keys is the set of flags the recipe parser
 builds from those dataclasses
 (``maxent_grpo.recipe.schema.trl_parser``; ``read_recipe`` reads the same flags from the
 committed ``recipe/schema.json``, kept equal by a test), i.e. exactly what it accepts.
@@ -258,7 +258,7 @@ class RecipeKey:
     choices: tuple[str, ...] = ()
     range: str = ""  # its declared range in words ("> 0 and <= 1"), or ""
     packages: tuple[Any, ...] = ()  # recipe.declare.Package: what a value of it needs
-    replaces: tuple[Any, ...] = ()  # recipe.migration.kinds.Migration: old keys migrated to it
+    replaces: tuple[Any, ...] = ()  # migrate.kinds.Migration: old keys migrated to it
     methods: set[str] = field(default_factory=set)
     overrides: list[type] = field(default_factory=list)  # base classes that declare it too
 
@@ -294,8 +294,8 @@ def recipe_type_sets() -> dict[str, tuple[type, ...]]:
 
 def _declared() -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """Each key's declaration (range, packages; recipe/declare.py) and the old keys migrated
-    to it (recipe/migration/)."""
-    from maxent_grpo.recipe.migration import MIGRATIONS
+    to it (migrate/)."""
+    from maxent_grpo.migrate import MIGRATIONS
     from maxent_grpo.recipe.schema import key_declarations
 
     replaces: dict[str, list[Any]] = {}

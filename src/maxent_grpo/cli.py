@@ -402,7 +402,7 @@ def _check(request, environment) -> str:
 
 def _migrate(args) -> int:
     """`migrate`: write the translated recipe, list what changed, then check the result."""
-    from maxent_grpo.recipe.migration.engine import (  # migrate only
+    from maxent_grpo.migrate.engine import (  # migrate only
         behaviour_differences,
         default_drift,
         migrate_text,

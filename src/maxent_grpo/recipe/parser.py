@@ -4,7 +4,8 @@ TrlParser semantics: YAML values become defaults and command-line flags override
 key and value is checked first, so a typo is one line naming the file, the key and the fix
 instead of a traceback an hour into a job; every problem of the file is found in the same pass
 (recipe/problems.py). A key that transformers 5, TRL 1.16 or open-r1 named differently gets the
-line of the migration table (recipe/migration/); an alias there is read under our name.
+line of the migration table (recipe/old_keys.py, written from maxent_grpo/migrate/, which
+the parser never imports); an alias there is read under our name.
 YAML values are coerced the way the command line would convert them (YAML 1.1 reads 1e-5 as a
 string, for instance).
 
@@ -28,7 +29,7 @@ import yaml
 from maxent_grpo.errors import ConfigError
 from maxent_grpo.methods import METHODS, resolve_method
 from maxent_grpo.recipe.checks import check_ranges
-from maxent_grpo.recipe.migration import ALIASES, MIGRATIONS
+from maxent_grpo.recipe.old_keys import aliases, old_keys
 from maxent_grpo.recipe.problems import Problems, collecting
 from maxent_grpo.recipe.schema import method_keys, schema_parser
 from maxent_grpo.recipe.sweep_section import SECTION as SWEEP
@@ -88,7 +89,7 @@ def _closest(key: str, valid: list[str]) -> str:
 
 def unknown_key_problem(path: str, key: str, value: Any, valid: list[str]) -> str:
     """The line for a key the parser does not know: the migration table's, else the closest."""
-    migration = MIGRATIONS.get(key)
+    migration = old_keys().get(key)
     if migration is None:
         return f"{path}: unknown key '{key}'; {_closest(str(key), valid)}"
     return (
@@ -216,21 +217,21 @@ def _convert_value(
 
 
 def _read_aliases(raw: dict[str, Any], problems: Problems) -> tuple[dict[str, Any], list[str]]:
-    """Keys of other toolkits accepted under our name (recipe/migration/ ALIASES)."""
-    renamed, notes = {}, []
+    """Keys of other toolkits accepted under our name (recipe/old_keys.py aliases)."""
+    renamed, notes, table = {}, [], old_keys()
     for key, value in raw.items():
-        target = ALIASES.get(key)
+        target = aliases().get(key)
         if target is None:
             renamed.setdefault(key, value)
         elif target in raw:
             problems.add(
-                f"keys '{key}' and '{target}' are the same key ({MIGRATIONS[key].why}); "
+                f"keys '{key}' and '{target}' are the same key ({table[key].why}); "
                 f"keep {target} only",
                 [target],
             )
         else:
             renamed[target] = value
-            notes.append(f"{problems.source}: key '{key}' is {MIGRATIONS[key].why}")
+            notes.append(f"{problems.source}: key '{key}' is {table[key].why}")
     return renamed, notes
 
 

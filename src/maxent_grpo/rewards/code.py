@@ -18,12 +18,18 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-# Rewards that need a judge this toolkit does not have: declared with the migrations (recipe/,
-# the lower layer), which `maxent-grpo migrate` reads too.
-from maxent_grpo.recipe.migration.rewards import JUDGED_REWARDS
 from maxent_grpo.rewards import unit_tests
 from maxent_grpo.rewards.common import RewardError, column, contents, references
 from maxent_grpo.rewards.sandbox import Limits, run_python
+
+#: Rewards that need a judge this toolkit does not have, with the reason (`maxent-grpo
+#: migrate` reads them too: it leaves them out with this reason).
+JUDGED_REWARDS = {
+    "ioi_code": "needs open-r1's IOI judge (C++ subtasks graded on a Piston server or "
+    "MorphCloud, over the network)",
+    "cf_code": "needs open-r1's Codeforces judge (checkers on a Piston server or MorphCloud, "
+    "over the network)",
+}
 
 logger = logging.getLogger("maxent_grpo.rewards")
 

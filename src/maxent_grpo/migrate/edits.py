@@ -21,7 +21,7 @@ class Change:
     left_out: bool  # True: removed with no counterpart; False: translated or added
     text: str  # one line: what was done and why
     differs: bool = False  # this run trains differently from the source's (a behaviour difference)
-    pinned: bool = False  # a default of the source's TRL, written out (recipe/migration/era.py)
+    pinned: bool = False  # a default of the source's TRL, written out (migrate/era.py)
 
     def describe(self) -> str:
         return f"left out {self.text}" if self.left_out else self.text

@@ -5,7 +5,7 @@ GRPOScriptArguments), `config/dataset.py` and its recipes. Each row says, with k
 the key becomes (kinds.py Rows):
 
 - rename / convert (`by` converts the value; ValueError: no counterpart) / remove / fold (folded
-  with others into `into` by a rule of recipe/migration/rules.py: evaluation -> benchmarks, the
+  with others into `into` by a rule of migrate/rules.py: evaluation -> benchmarks, the
   boxed-answer penalty -> reward_weights);
 - why: what the upstream run did with it and what this run does instead, one clause;
 - changes: for a key that is left out or translated with a different effect, whether the
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from maxent_grpo.recipe.migration.kinds import Rows, is_number
-from maxent_grpo.recipe.migration.upstream_values import (
+from maxent_grpo.migrate.kinds import Rows, is_number
+from maxent_grpo.migrate.upstream_values import (
     dataset_config,
     loss_type,
     method_of_flag,
@@ -132,7 +132,7 @@ ROWS = (
         by=dataset_config,
         why="older open-r1's list of configurations",
     ),
-    # --- folded by a rule of recipe/migration/rules.py --------------------------------------
+    # --- folded by a rule of migrate/rules.py --------------------------------------
     UP.fold(
         "eval_dataset_name",
         into="benchmarks",

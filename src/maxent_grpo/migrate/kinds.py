@@ -21,7 +21,7 @@ class Migration:
     action: "rename" (same value, new key), "convert" (new key, value converted by `convert`,
     which raises ValueError when the value has no counterpart), "alias" (accepted as is,
     read as `target`), "remove" (no counterpart: delete it, `why` says what to do instead),
-    "fold" (migrate folds it with related keys into `target`: recipe/migration/rules.py).
+    "fold" (migrate folds it with related keys into `target`: migrate/rules.py).
     changes: whether the recipe's value, left out, changes training (None: never; a
     "behaviour difference" in migrate's summary).
     """
@@ -33,20 +33,6 @@ class Migration:
     target: str | None = None
     convert: Callable[[Any], Any] | None = None
     changes: Callable[[Any], bool] | None = None
-
-    def fix(self, value: Any = None) -> str:
-        """The fix, for one line of `check`: 'use dtype: bfloat16', 'delete the key'."""
-        if self.action == "remove":
-            return "delete it"
-        if self.action == "fold":
-            return f"run maxent-grpo migrate: it folds the key into {self.target}"
-        if self.action == "convert" and self.convert is not None:
-            try:
-                value = self.convert(value)
-            except (TypeError, ValueError) as exc:
-                return f"it has no counterpart here ({exc}); delete it"
-        shown = "..." if value is None or isinstance(value, (dict, list)) else value
-        return f"use {self.target}: {shown} instead"
 
 
 Changes = Callable[[Any], bool] | None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlparse
 
-from maxent_grpo.recipe.migration.kinds import REMOVE, ValueChange, is_number
+from maxent_grpo.migrate.kinds import REMOVE, ValueChange, is_number
 
 _LOCAL_HOSTS = {"", "localhost", "127.0.0.1", "0.0.0.0", "::1"}
 
@@ -41,7 +41,7 @@ _OBJECTIVES = {
 
 def method_of_objective(value: Any) -> str:
     """objective -> method: listwise MaxEnt is method maxent; the entropy-bonus objectives
-    train GRPO here with TRL's entropy bonus (recipe/migration/entropy.py)."""
+    train GRPO here with TRL's entropy bonus (migrate/entropy.py)."""
     name = str(value).strip().lower()
     if name not in _OBJECTIVES:
         raise ValueError(f"objective {value!r} has no counterpart (grpo or maxent_listwise)")
@@ -54,7 +54,7 @@ def method_of_flag(value: Any) -> str:
 
 def method_of_variant(value: Any) -> str:
     """maxent_objective_variant -> method: listwise weights are method maxent; the entropy
-    loss is GRPO with TRL's entropy bonus (method grpo, recipe/migration/entropy.py)."""
+    loss is GRPO with TRL's entropy bonus (method grpo, migrate/entropy.py)."""
     name = str(value).strip().lower()
     if name not in ("listwise", "entropy"):
         raise ValueError(f"maxent_objective_variant {value!r} is neither listwise nor entropy")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from maxent_grpo.recipe.migration.edits import MARK, Change, Edits, Key, set_value, to_yaml
-from maxent_grpo.recipe.migration.upstream import ORIGIN
+from maxent_grpo.migrate.edits import MARK, Change, Edits, Key, set_value, to_yaml
+from maxent_grpo.migrate.upstream import ORIGIN
 
 #: Training processes of upstream's layout (1 server and 6 trainers on 7 GPUs).
 UPSTREAM_TRAINERS = 6

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from maxent_grpo.recipe.migration.edits import Change, Edits, Key, to_yaml
-from maxent_grpo.recipe.migration.kinds import is_number
-from maxent_grpo.recipe.migration.upstream import ORIGIN
+from maxent_grpo.migrate.edits import Change, Edits, Key, to_yaml
+from maxent_grpo.migrate.kinds import is_number
+from maxent_grpo.migrate.upstream import ORIGIN
 
 _FLAGS = (
     "maxent_alpha_raise_on_low_kl",

@@ -1,20 +1,12 @@
-"""Reward names of other toolkits: open-r1's judged rewards and upstream's renamed ones.
+"""Upstream's reward names, each with the built-in that scores the same way here.
 
-The recipe layer's migration reads them (`maxent-grpo migrate`, the docs), and so does the
-reward registry (rewards/code.py refuses a judged reward by name with the same reason).
+open-r1's judged rewards (ioi_code, cf_code) are the reward registry's (rewards/code.py
+JUDGED_REWARDS): it refuses them by name, and migrate reads the same reasons.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-#: Rewards that need a judge this toolkit does not have, with the reason.
-JUDGED_REWARDS = {
-    "ioi_code": "needs open-r1's IOI judge (C++ subtasks graded on a Piston server or "
-    "MorphCloud, over the network)",
-    "cf_code": "needs open-r1's Codeforces judge (checkers on a Piston server or MorphCloud, "
-    "over the network)",
-}
 
 
 @dataclass(frozen=True)

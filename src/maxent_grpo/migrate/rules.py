@@ -9,16 +9,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from maxent_grpo.recipe.migration import MIGRATIONS
-from maxent_grpo.recipe.migration.edits import MARK, Change, Edits, set_value, to_yaml
-from maxent_grpo.recipe.migration.kinds import is_number
-from maxent_grpo.recipe.migration.rewards import (
-    JUDGED_REWARDS,
-    UPSTREAM_BOXED_PENALTY,
-    UPSTREAM_REWARDS,
-)
-from maxent_grpo.recipe.migration.upstream import ORIGIN
+from maxent_grpo.migrate import MIGRATIONS
+from maxent_grpo.migrate.edits import MARK, Change, Edits, set_value, to_yaml
+from maxent_grpo.migrate.kinds import is_number
+from maxent_grpo.migrate.rewards import UPSTREAM_BOXED_PENALTY, UPSTREAM_REWARDS
+from maxent_grpo.migrate.upstream import ORIGIN
 from maxent_grpo.recipe.schema import method_keys as keys_of
+from maxent_grpo.rewards.code import JUDGED_REWARDS
 
 _EVAL_KEYS = (
     "eval_dataset_name",

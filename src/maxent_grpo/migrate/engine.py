@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 
 from maxent_grpo.errors import ConfigError
-from maxent_grpo.recipe.migration import MIGRATIONS, VALUE_CHANGES, rules
-from maxent_grpo.recipe.migration.edits import (
+from maxent_grpo.migrate import MIGRATIONS, VALUE_CHANGES, rules
+from maxent_grpo.migrate.edits import (
     MARK,
     Change,
     Edits,
@@ -24,12 +24,12 @@ from maxent_grpo.recipe.migration.edits import (
     to_yaml,
     top_level_keys,
 )
-from maxent_grpo.recipe.migration.entropy import migrate_entropy_bonus
-from maxent_grpo.recipe.migration.era import era_pins, recipe_era
-from maxent_grpo.recipe.migration.kinds import REMOVE, Migration, ValueChange
-from maxent_grpo.recipe.migration.layout import fit_layout
-from maxent_grpo.recipe.migration.open_r1 import DEFAULT_CHANGES
-from maxent_grpo.recipe.migration.upstream import ORIGIN as UPSTREAM
+from maxent_grpo.migrate.entropy import migrate_entropy_bonus
+from maxent_grpo.migrate.era import era_pins, recipe_era
+from maxent_grpo.migrate.kinds import REMOVE, Migration, ValueChange
+from maxent_grpo.migrate.layout import fit_layout
+from maxent_grpo.migrate.open_r1 import DEFAULT_CHANGES
+from maxent_grpo.migrate.upstream import ORIGIN as UPSTREAM
 from maxent_grpo.recipe.needs import ATTENTION_FALLBACK, ATTENTION_PACKAGES
 
 # In server mode TRL's colocate-only key would be ignored; the launcher's key sizes the server.
