@@ -3,7 +3,7 @@ BIN = $(shell bash scripts/setup_env.sh | tail -n 1)
 # --durations: each suite prints its slowest tests, to see where CI time goes.
 PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest --durations=15
 
-.PHONY: install test test-unit test-slurm test-fresh-clone test-multinode test-vllm test-gpu-kit test-redteam sandbox-tool lint format docs bench smoke clean
+.PHONY: install test test-unit test-slurm test-fresh-clone test-multinode test-vllm test-gpu-kit test-redteam test-rehearse sandbox-tool lint format docs bench smoke clean
 
 install:
 	bash scripts/setup_env.sh
@@ -15,7 +15,7 @@ install:
 # default hands out the files with the most tests first, so a long file of few tests can start last.
 TEST_WORKERS ?= 2
 test: sandbox-tool
-	MAXENT_GRPO_CLEAN_CHECKOUT=1 $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slurm and not vllm and not multinode and not freshclone and not gpukit and not redteam" -q
+	MAXENT_GRPO_CLEAN_CHECKOUT=1 $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slurm and not vllm and not multinode and not freshclone and not gpukit and not redteam and not rehearse" -q
 
 # The code rewards' sandbox, bubblewrap (docs/code-rewards.md): installed here as root on
 # Debian (a fresh machine, CI); elsewhere one line says how.
@@ -62,6 +62,11 @@ test-gpu-kit:
 # Hostile programs against the code rewards' sandbox (needs bubblewrap; about 10 s).
 test-redteam: sandbox-tool
 	MAXENT_GRPO_REDTEAM_TESTS=1 $(PYTEST) -m redteam -q tests/test_code_rewards_redteam.py
+
+# Real rehearsals (maxent-grpo rehearse, docs/rehearse.md): recipes rehearsed whole, and broken
+# on purpose so that each passport row is seen failing (several minutes on 2 cores).
+test-rehearse: sandbox-tool
+	MAXENT_GRPO_VLLM_TESTS=1 $(PYTEST) -m rehearse -q tests/test_rehearse.py
 
 lint:
 	$(BIN)/ruff check src tests bench

@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_queue_commands(sub)
     _add_sweep_command(sub)
+    _add_rehearse_command(sub)
 
     tiny = sub.add_parser("tiny-model", help="make the tiny local Qwen2 model (cached)")
     tiny.add_argument("--out", default=None, help="directory (default: .cache/models/tiny-qwen2)")
@@ -190,6 +191,20 @@ def _add_sweep_command(sub) -> None:
     )
     sweep.add_argument("--dry-run", action="store_true", help="check and list; queue nothing")
     sweep.add_argument("--throttle", type=int, default=None, help="at most N points at a time")
+
+
+def _add_rehearse_command(sub) -> None:
+    rehearse = sub.add_parser(
+        "rehearse",
+        help="run the recipe shrunk to this machine (CPU, tiny model), stop it, resume it, "
+        "and print a passport of what holds (docs/rehearse.md)",
+    )
+    _add_recipe_args(rehearse)
+    _add_planned_allocation_args(rehearse)
+    rehearse.add_argument("--steps", type=int, default=4, help="steps to rehearse (default 4)")
+    rehearse.add_argument(
+        "--out", default=None, help="folder (default: outputs/rehearse/<recipe's path>)"
+    )
 
 
 def _add_eval_command(sub) -> None:
@@ -321,6 +336,10 @@ def _run(args) -> int:
         return _migrate(args)
     if args.command in ("submit", "sbatch"):
         return _queue(args)
+    if args.command == "rehearse":
+        from maxent_grpo.launch.rehearse import main as rehearse_main  # rehearse only
+
+        return rehearse_main(_request(args), args.gpus, args.nodes, args.steps, args.out)
     if args.command == "tiny-model":
         print(ensure_tiny_model(args.out or DEFAULT_TINY_MODEL_DIR))
         return 0
