@@ -2,17 +2,17 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_async.py [--steps 16] [--rounds 1]
 
-One server (started once) serves every run; 1 training process by default (`--processes`).
-Each side gets one core of its own, as on GPUs each side has its own device: the trainer runs
-on core 1 (taskset) and the whole server on core 0. For that the server runs the model in its
-engine process (vLLM's `uni` executor, kept on CPU only with VLLM_ENABLE_V1_MULTIPROCESSING=0):
-with the plan's command (`--server-as-planned`) vLLM's CPU build runs the model in a worker
-process and its engine waits for that worker's message queue spinning (sched_yield for 1 s
-after each read, vllm/distributed/device_communicators/shm_broadcast.py), so the server takes
-about 0.23 CPU-s per 0.12 s request, nearly both cores: pinned to one core its spinning engine
-starves its worker (1.06 s steps), unpinned it takes the trainer's core while the trainer
-trains, and the overlap measures the cores, not the pipeline. Contained, a request is 0.145 s
-and 0.145 CPU-s (2026-11-27, /tmp probe of 20 smoke-size requests). Each case runs the same
+One server (the plan's command, started once) serves every run; 1 training process by
+default (`--processes`). Each side gets one core of its own, as on GPUs each side has its own
+device: the trainer runs on core 1 (taskset) and the whole server on core 0 (`--server-unpinned`
+leaves it free). That holds since the plan runs a CPU server's model in its engine process
+(vLLM's `uni` executor, launch/plan/server.py): with vLLM's default for its CPU build, the
+model in a worker process, the engine waits for that worker spinning (sched_yield for 1 s
+after each read, vllm/distributed/device_communicators/shm_broadcast.py), 0.23 CPU-s per 0.12
+s request, nearly both cores: pinned to one core its spinning engine starved its worker (1.06
+s steps), unpinned it took the trainer's core while the trainer trained, and async measured
+1.05x (2026-11-27), the cores, not the pipeline. With `uni` a request takes 0.145 s and 0.145
+CPU-s on its core. Each case runs the same
 recipe, seed and number of completions both ways, alternated ABBA after an untimed warm-up
 (vLLM's first generations). Per run: the median step time over the steps after the first three
 (which pay the trainers' start and the pipeline's fill), the trainers' and the server's busy
@@ -31,8 +31,8 @@ Cases:
   carried groups and generates nothing. Its steps alternate, so its figures use the mean step
   (an even number of steps), and the split by kind of step (generating, carried) says where
   the step waits. `--cases` picks cases.
-`--replicas 2` serves from two engines behind one URL (`vllm_data_parallel_size`, the plan's
-server: each engine its own process, not bound): it shows async against replicas (staleness,
+`--replicas 2` serves from two engines behind one URL (`vllm_data_parallel_size`: each engine
+its own process, vLLM's mp executor, unpinned): it shows async against replicas (staleness,
 what is made ahead), not their speed, as two engines on two cores only share them.
 The bound max(generation, training) / (generation + training) + 10 % is given two ways: with
 the weight push (time/sync_s) on the trainers' side, where the synchronous step's split puts
@@ -75,9 +75,6 @@ CASES = {
 }
 ALTERNATING = {"oversample"}  # steps that generate alternate with steps that do not
 SERVER_CORES, TRAINER_CORES = "0", "1"  # one each, as on GPUs each side has its own device
-# The server contained in its core (the module doc): the model in the engine's process.
-CONTAINED_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-CONTAINED_ARGS = ("--distributed-executor-backend", "uni")
 
 
 def step_metrics(output_dir: Path) -> dict[int, dict]:
@@ -182,7 +179,7 @@ def shared_server(
     processes: int,
     base_keys: dict,
     base: Path = SMOKE_VLLM,
-    as_planned: bool = False,
+    unpinned: bool = False,
 ):
     """One vLLM CPU server (the plan's command, its threads bound to SERVER_CORES) for every
     run; yields plan_for(recipe) -> (training command, env) aimed at that server."""
@@ -204,9 +201,8 @@ def shared_server(
     replicas = base_keys.get("vllm_data_parallel_size", 1)
     server_env = child_env(VLLM_CPU_OMP_THREADS_BIND=SERVER_CORES if replicas == 1 else "nobind")
     server_plan = plan.server
-    if not as_planned:  # the whole server in its core (the module doc)
-        server_env.update(CONTAINED_ENV)
-        command = ("taskset", "-c", SERVER_CORES, *server_plan.command, *CONTAINED_ARGS)
+    if not unpinned:  # the whole server in its core, its HTTP process too
+        command = ("taskset", "-c", SERVER_CORES, *server_plan.command)
         server_plan = dataclasses.replace(server_plan, command=command)
     server = VLLMServer(server_plan, workdir / "vllm.log", server_env).start()
     try:
@@ -277,13 +273,12 @@ def main(argv: list[str] | None = None) -> int:
         "--replicas",
         type=int,
         default=1,
-        help="vllm_data_parallel_size of the server (2: two engines behind one URL; with "
-        "--server-as-planned)",
+        help="vllm_data_parallel_size of the server (2: two engines behind one URL, unpinned)",
     )
     parser.add_argument(
-        "--server-as-planned",
+        "--server-unpinned",
         action="store_true",
-        help="the plan's server command (a worker process; only its threads on core 0)",
+        help="leave the server's processes free to run on any core",
     )
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-async-"))
@@ -292,12 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     base_keys = dict(
         max_steps=args.steps, save_strategy="no", per_device_train_batch_size=per_device
     )
-    if args.replicas > 1:  # vLLM's CPU build runs them as engine processes: as planned only
+    if args.replicas > 1:  # one engine process each (vLLM's mp executor): not on one core
         base_keys["vllm_data_parallel_size"] = args.replicas
-        args.server_as_planned = True
+        args.server_unpinned = True
     results: dict[str, dict] = {}
     with shared_server(
-        workdir, args.processes, base_keys, as_planned=args.server_as_planned
+        workdir, args.processes, base_keys, unpinned=args.server_unpinned
     ) as plan_for:
         warmup = {**base_keys, "max_steps": 4}
         run_once(workdir, "warmup", SMOKE_VLLM, plan_for, warmup, args.processes)
@@ -323,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = [f for case, runs in results.items() for f in case_figures(case, runs)]
     print_figures(figures)
     settings = {"steps": args.steps, "processes": args.processes, "cases": args.cases}
-    settings["server_as_planned"] = args.server_as_planned
+    settings["server_unpinned"] = args.server_unpinned
     settings["replicas"] = args.replicas
     write_result("async", {"figures": figures, "runs": results, **settings}, args.output)
     return 0

@@ -385,6 +385,19 @@ def test_cpu_server_replicas_reach_the_command():
     plan = make_plan(env(0), CPU_SERVER.with_values(vllm_data_parallel_size=2), PORTS)
     assert flag(plan.server.command, "--data-parallel-size") == "2"
     assert plan.server.gpus == () and plan.idle == ()
+    # Replicas are engine processes: vLLM's multiprocess executor, as it starts them.
+    assert "--distributed-executor-backend" not in plan.server.command
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in plan.server.env
+
+
+def test_one_cpu_server_runs_the_model_in_its_engine_process():
+    """No worker process whose engine spins waiting for it; GPU servers keep vLLM's default."""
+    cpu = make_plan(env(0), CPU_SERVER, PORTS).server
+    assert flag(cpu.command, "--distributed-executor-backend") == "uni"
+    assert cpu.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # or vLLM's CPU platform uses mp
+    gpu = make_plan(env(8), SERVER, PORTS).server
+    assert "--distributed-executor-backend" not in gpu.command
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in gpu.env
 
 
 LORA = SERVER.with_values(use_peft=True, vllm_weight_sync="lora", lora_r=4)
@@ -535,7 +548,11 @@ def test_cpu_server_plan():
     plan = make_plan(env(0), CPU_SERVER.with_values(num_processes=1), PORTS)
     assert plan.device == "cpu"
     assert plan.server.device == "cpu" and plan.server.gpus == ()
-    assert plan.server.env == {"CUDA_VISIBLE_DEVICES": "", "VLLM_SERVER_DEV_MODE": "1"}
+    assert plan.server.env == {
+        "CUDA_VISIBLE_DEVICES": "",
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
     assert "--weight-transfer-config" not in plan.server.command
     assert flag(plan.server.command, "--tensor-parallel-size") == "1"
     cmd = plan.train.command

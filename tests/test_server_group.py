@@ -244,3 +244,47 @@ def test_sbatch_asks_slurm_to_keep_a_job_with_several_servers_when_a_node_fails(
     # a sweep's array: every point's plan, since the option holds for all its tasks
     assert node_loss_options(prepared(2), prepared(3)) == ["--no-kill"]
     assert node_loss_options(prepared(2), prepared(1)) == [] == node_loss_options()
+
+
+# Serves, then exits after 0.3 s; every later start (the marker exists) exits at once, before
+# it answers: what a restart's srun step does on a node it cannot reach.
+ONCE_THEN_UNREACHABLE = """
+    import os, sys, threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    port, marker = int(sys.argv[1]), sys.argv[2]
+    if os.path.exists(marker):
+        sys.exit(3)
+    open(marker, "w").close()
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers()
+        def log_message(self, *a):
+            pass
+    threading.Timer(0.3, lambda: os._exit(7)).start()
+    HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_a_restart_that_cannot_start_waits_for_slurms_verdict_on_its_node(tmp_path, monkeypatch):
+    """The node is cut: Slurm says so only after SlurmdTimeout, and until then a restart's srun
+    step exits at once. Restarts in a row would spend every restart before that; the group
+    waits RETRY_AFTER_S between them, asks for the node's state, and gives the server up as on
+    a down node (the 3-node test's 'not restarted')."""
+    monkeypatch.setattr(server_group, "HEALTH_EVERY_S", 0.2)
+    monkeypatch.setattr(server_group, "RETRY_AFTER_S", 5.0)
+    # Slurm: the node up at the loss and for a while after (about 1 s of asks), then down.
+    states = iter([None] * 6)
+    monkeypatch.setattr(server_group, "node_down", lambda node, timeout: next(states, "DOWN*"))
+    port = free_port()
+    second = server_plan(
+        [*python_command(ONCE_THEN_UNREACHABLE), str(port), str(tmp_path / "m")], port
+    )
+    group = launch_servers((stand_in(), second), tmp_path / "v.log", {"SLURM_JOB_ID": "7"})
+    try:
+        watched = watch_training(trainer(tmp_path, 4.0), group, None, poll=0.05)
+    finally:
+        group.stop()
+    assert watched.code == 0 and watched.server_died is None
+    assert "did not come back" in group.gone[1], group.gone
+    assert "Slurm has the node DOWN*: not restarted" in group.gone[1], group.gone
+    assert group.restarts == [0, 1], group.restarts

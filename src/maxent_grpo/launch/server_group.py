@@ -37,6 +37,11 @@ HEALTH_EVERY_S = 5.0
 SILENT_LOST_S = 30.0
 HEALTH_PROBE_S = 2.0  # each probe's own bound: the launcher's loop waits for it
 NODE_STATE_S = 5.0  # scontrol's bound, asked on a loss and every HEALTH_EVERY_S of a restart
+# A restart that exits before it answers (srun could not start it: its node may be cut, and
+# Slurm marks such a node down only after SlurmdTimeout) is tried again after this long, its
+# node's state asked meanwhile: restarts in a row would spend MAX_RESTARTS in seconds on a
+# node Slurm is about to report down.
+RETRY_AFTER_S = 30.0
 
 
 def _no_event(event: str, **fields) -> None:
@@ -73,6 +78,7 @@ class ServerGroup:
         self.answered = [time.monotonic()] * len(plans)  # last /health 200, per server
         self.next_probe = [0.0] * len(plans)
         self.lost_at: dict[int, float] = {}  # index -> when it was found gone
+        self.retry: dict[int, tuple[float, str]] = {}  # index -> (next restart at, why)
         self.gone: dict[int, str] = {}  # index -> why it is lost for good
         self.event = event
         self.slurm = bool(environ.get("SLURM_JOB_ID"))  # node states to ask Slurm for
@@ -116,7 +122,9 @@ class ServerGroup:
         for index, server in enumerate(self.servers):
             if index in self.gone:
                 continue
-            if index in self.lost_at:
+            if index in self.retry:
+                self._wait_retry(index, server)
+            elif index in self.lost_at:
                 self._watch_restart(index, server)
             elif server.poll() is not None:
                 self._lost(index, server, f"exited with code {server.poll()}")
@@ -186,13 +194,32 @@ class ServerGroup:
                 return
         except ServerError as exc:
             del self.lost_at[index]
-            self._lost(index, server, f"did not come back ({str(exc).splitlines()[0]})")
+            why = f"did not come back ({str(exc).splitlines()[0]})"
+            self.retry[index] = (time.monotonic() + RETRY_AFTER_S, why)
+            print(
+                f"vLLM server on {server.plan.node} {why}: next restart in {RETRY_AFTER_S:g}s",
+                flush=True,
+            )
             return
         took = time.monotonic() - self.lost_at.pop(index)
         self.answered[index] = time.monotonic()
         self.event(
             "server_back", node=server.plan.node, url=server.plan.url, after_s=round(took, 1)
         )
+
+    def _wait_retry(self, index: int, server: VLLMServer) -> None:
+        """Between a failed restart and the next: given up if Slurm reports the node down."""
+        retry_at, why = self.retry[index]
+        now = time.monotonic()
+        if now >= self.next_probe[index]:
+            self.next_probe[index] = now + HEALTH_EVERY_S
+            if (state := self._node_down(server.plan.node)) is not None:
+                del self.retry[index]
+                self._give_up(index, server, why, state)
+                return
+        if now >= retry_at:
+            del self.retry[index]
+            self._lost(index, server, why)
 
     def poll(self) -> int | None:
         """Like one server's: an exit code only once every server is lost for good."""
