@@ -27,6 +27,7 @@ BUILTINS = [
     "cosine",
     "digit_fraction",
     "format",
+    "keyword_match",
     "length",
     "python_unit_tests",
     "reasoning_steps",
@@ -240,6 +241,30 @@ CASES = [
     ("boxed_missing_penalty", {}, ["the answer is 7"], {}, [-1.0]),
     ("boxed_missing_penalty", {}, ["\\boxed{7"], {}, [-1.0]),
     ("boxed_missing_penalty", {}, [""], {}, [-1.0]),
+    # GSM8K: the reference's number is after "####"; so is a completion's, without <answer>.
+    ("accuracy", {}, ["so 12 * 6 = 72\n#### 72"], {"solution": ["12*6=72 apples\n#### 72"]}, [1.0]),
+    (
+        "accuracy",
+        {},
+        ["<answer>1250</answer>"],
+        {"solution": ["5 * 250 = 1250\n#### 1,250"]},
+        [1.0],
+    ),
+    (
+        "accuracy",
+        {},
+        ["<answer>1250</answer>"],
+        {"solution": ["1250 - 2 = 1248\n#### 1248"]},
+        [0.0],
+    ),
+    ("accuracy", {}, ["#### 5"], {"solution": ["2 + 3 = 5\n#### 5"]}, [1.0]),
+    # ---- keyword_match ------------------------------------------------------------------
+    ("keyword_match", {}, ["It is paris."], {"solution": ["Paris"]}, [1.0]),
+    ("keyword_match", {}, ["Parisian food"], {"solution": ["Paris"]}, [0.0]),
+    ("keyword_match", {}, ["a green apple"], {"solution": ["red, green apple"]}, [0.5]),
+    ("keyword_match", {}, ["apple green"], {"solution": ["green apple"]}, [0.0]),
+    ("keyword_match", {}, [conv("Red! and GREEN")], {"solution": [["red", "green"]]}, [1.0]),
+    ("keyword_match", {}, ["anything"], {"solution": [" , "]}, [None]),
     # ---- digit_fraction -----------------------------------------------------------------
     ("digit_fraction", {}, ["12 + 34"], {}, [0.8]),
     ("digit_fraction", {}, [conv("123")], {}, [1.0]),
@@ -395,7 +420,7 @@ def test_extra_kwargs_accepted(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["accuracy", "answer_match", "length", "cosine", "boxed_accuracy_math"]
+    "name", ["accuracy", "answer_match", "length", "cosine", "boxed_accuracy_math", "keyword_match"]
 )
 def test_missing_or_misaligned_solution(name):
     (func,) = get_reward_funcs([name])

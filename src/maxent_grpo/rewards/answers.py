@@ -30,6 +30,8 @@ _MATH_DELIMITER_RE = re.compile(r"\$|\\\(|\\\[|\\boxed|\n")
 # ... unless it reads like prose (a word of 3+ letters that is not a LaTeX command),
 # which "$...$" would turn into a product of symbols that can never match.
 _PROSE_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
+# GSM8K's final answer: the rest of the last line that starts with "####" ("#### 1,250").
+_GSM8K_RE = re.compile(r"^[ \t]*####[ \t]*(.+?)[ \t]*$", re.MULTILINE)
 # "\boxed{" or "\boxed {" (also \fbox); the content is found by brace matching.
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
@@ -67,6 +69,15 @@ def last_answer_block(text: str) -> str | None:
     """Content of the last ``<answer>...</answer>`` block, or None."""
     blocks = _ANSWER_BLOCK_RE.findall(text)
     return blocks[-1] if blocks else None
+
+
+def gsm8k_answer(text: str) -> str | None:
+    """GSM8K's final answer (after the last ``####``), thousands separators dropped, or None.
+
+    Example: ``"48/2 = 24 ...\n#### 1,024"`` gives ``"1024"``.
+    """
+    found = _GSM8K_RE.findall(text)
+    return found[-1].replace(",", "") if found else None
 
 
 def last_boxed(text: str) -> str | None:
@@ -119,7 +130,10 @@ def parse_gold(solution: Any) -> list[Any]:
     """The reference answer as math-verify sees it ([] when it does not parse)."""
     if solution is None:
         return []
-    return _parse_short(str(solution), _GOLD_CONFIGS)
+    text = str(solution)
+    # A GSM8K answer column holds the worked solution; its number is after "####".
+    final = gsm8k_answer(text)
+    return _parse_short(text if final is None else final, _GOLD_CONFIGS)
 
 
 def parse_answer(text: str) -> list[Any]:
@@ -128,12 +142,13 @@ def parse_answer(text: str) -> list[Any]:
 
 
 def parse_completion(text: str) -> list[Any]:
-    """The answer of a whole completion: its last <answer> block, else open-r1's search."""
-    block = last_answer_block(text)
-    if block is not None:
-        parsed = parse_answer(block)
-        if parsed:
-            return parsed
+    """The answer of a whole completion: its last <answer> block, else a GSM8K-style
+    ``#### answer`` line, else open-r1's search."""
+    for block in (last_answer_block(text), gsm8k_answer(text)):
+        if block is not None:
+            parsed = parse_answer(block)
+            if parsed:
+                return parsed
     return _parse(text, _COMPLETION_CONFIGS)
 
 

@@ -34,6 +34,10 @@ def accuracy(completions: Sequence[Any], solution: Any = None, **kwargs: Any) ->
     is". Scores 1.0 when equivalent, else 0.0 (also when verification fails).
     LaTeX must be well formed, as in open-r1: ``\frac12`` is not parsed in answers.
 
+    A GSM8K reference (its worked solution ending in ``#### 72``) is read as the number
+    after ``####``, and a completion's ``#### 72`` line counts as its answer when it has no
+    ``<answer>`` block.
+
     Example: with solution ``"\frac{1}{2}"``, ``"<answer>0.5</answer>"`` and
     ``"so the result is $\boxed{\frac{1}{2}}$"`` score 1.0, ``"<answer>2</answer>"``
     scores 0.0, and with solution ``"no idea"`` every completion scores None.
@@ -367,4 +371,35 @@ def ascii_fraction(completions: Sequence[Any], **kwargs: Any) -> list[float | No
     for text in contents(completions):
         chars = [c for c in text if not c.isspace()]
         out.append(sum("!" <= c <= "~" for c in chars) / len(chars) if chars else 0.0)
+    return out
+
+
+_WORD_RE = re.compile(r"\w+")
+
+
+def keyword_match(
+    completions: Sequence[Any], solution: Any = None, **kwargs: Any
+) -> list[float | None]:
+    """Share of the reference's keywords that the completion contains as whole words.
+
+    The reference (``solution`` column) is one keyword or phrase, or several separated by
+    commas (or a list); matching ignores case and punctuation around words, and a phrase must
+    appear as its words in order. Scores from 0.0 to 1.0, None when the reference is None or
+    has no words.
+
+    Example: with solution ``"Paris"``, ``"It is paris."`` scores 1.0 and ``"Parisian"`` 0.0;
+    with ``"red, green apple"``, ``"a green apple"`` scores 0.5.
+    """
+    texts = contents(completions)
+    refs = references("keyword_match", solution, len(texts))
+    out: list[float | None] = []
+    for text, ref in zip(texts, refs, strict=True):
+        keys = ref if isinstance(ref, (list, tuple)) else [] if ref is None else str(ref).split(",")
+        phrases = [" ".join(_WORD_RE.findall(str(k).lower())) for k in keys]
+        phrases = [p for p in phrases if p]
+        if not phrases:
+            out.append(None)
+            continue
+        words = f" {' '.join(_WORD_RE.findall(text.lower()))} "
+        out.append(sum(f" {p} " in words for p in phrases) / len(phrases))
     return out

@@ -143,6 +143,7 @@ _REGISTRY: dict[str, Callable[[Mapping[str, Any]], RewardFunc]] = {
     "boxed_missing_penalty": lambda s: _builtin().boxed_missing_penalty,
     "digit_fraction": lambda s: _builtin().digit_fraction,
     "ascii_fraction": lambda s: _builtin().ascii_fraction,
+    "keyword_match": lambda s: _builtin().keyword_match,
     "code": lambda s: code.CodeTests(False, *_sandbox(s)),
     "binary_code": lambda s: code.CodeTests(True, *_sandbox(s)),
     "python_unit_tests": lambda s: code.UnitTests(*_sandbox(s)),
