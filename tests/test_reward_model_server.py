@@ -223,14 +223,14 @@ def test_a_server_that_dies_mid_run_is_its_own_class_and_named_in_one_line(tmp_p
     killed in a training run: test_remote_rewards.py."""
     from maxent_grpo.launch.outcomes import classify, is_permanent
     from maxent_grpo.launch.processes import Child
-    from maxent_grpo.launch.watchdog import watch_training
+    from maxent_grpo.launch.watch import watch_training
 
     server = RewardModelServer(
         _plan("print('loaded'); raise SystemExit(5)", 30), tmp_path / "rm.log", {}
     )
     server.start().child.wait_up_to(30)
     trainer = Child("train", ["sleep", "605"], tmp_path / "train.log")
-    watched = watch_training(trainer, None, None, poll=0.1, reward_server=server)
+    watched = watch_training(trainer, (server,), None, poll=0.1)
     assert watched.code == -15  # stopped by the launcher, not waited for
     line = "reward model server http://127.0.0.1:9/score (model m) exited with code 5 while "
     line += f"training ran; its log: {tmp_path / 'rm.log'}"
@@ -250,9 +250,8 @@ def test_a_server_that_dies_mid_run_is_its_own_class_and_named_in_one_line(tmp_p
     assert classify(tmp_path, watched, preempted, None, "x").kind == "stopped"
     cancelled = watch_training(
         Child("t", ["true"], tmp_path / "t.log"),
-        None,
+        (server,),
         None,
         cancelled=lambda: 15,
-        reward_server=server,
     )
     assert cancelled.reward_server_died is None  # a stop signal came: the server's end is no cause

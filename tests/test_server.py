@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 
 from helpers.procs import LOADED_MARGIN, live_processes, wait_until_gone
+from maxent_grpo.launch import hang as hang_module
 from maxent_grpo.launch import watchdog as watchdog_module
 from maxent_grpo.launch.plan import ServerPlan
 from maxent_grpo.launch.processes import Child, free_port
 from maxent_grpo.launch.server import VLLMServer, launch_server
-from maxent_grpo.launch.watchdog import Watchdog, watch_training
+from maxent_grpo.launch.watch import watch_training
+from maxent_grpo.launch.watchdog import Watchdog
 from maxent_grpo.rundir.heartbeat import Heartbeat
 from maxent_grpo.vllm_health import ServerError, ServerWaitCancelled, probe
 
@@ -229,7 +231,7 @@ def test_server_death_during_training_stops_training(tmp_path, capsys):
     server.wait_until_healthy(poll=0.1)
     trainer = Child("train", ["sleep", "603"], Path(tmp_path / "train.log"))
     start = time.monotonic()
-    code = watch_training(trainer, server, None, poll=0.1).code
+    code = watch_training(trainer, (server,), None, poll=0.1).code
     took = time.monotonic() - start
     out = capsys.readouterr().out
     # The server dies 1.5 s after it started; the trainers are stopped within a poll or two.
@@ -279,7 +281,7 @@ def test_server_dying_during_start_up_stops_the_trainers_with_its_log(tmp_path, 
     trainer = Child("train", ["sleep", "605"], tmp_path / "train.log")
     start = time.monotonic()
     with pytest.raises(ServerError) as info:
-        watch_training(trainer, server, None, poll=0.1)
+        watch_training(trainer, (server,), None, poll=0.1)
     took = time.monotonic() - start
     assert took < 1 + LOADED_MARGIN, took  # the stand-in exits after 1 s
     first, *tail = str(info.value).splitlines()
@@ -297,7 +299,7 @@ def test_server_not_healthy_in_time_stops_the_trainers(tmp_path):
     server = starting_server(tmp_path, [*python_command(SERVE_503), str(port)], port, timeout=5)
     trainer = Child("train", ["sleep", "606"], tmp_path / "train.log")
     with pytest.raises(ServerError, match=r"not healthy after 5s .*\(last answer HTTP 503\)"):
-        watch_training(trainer, server, None, poll=0.1)
+        watch_training(trainer, (server,), None, poll=0.1)
     assert 5 <= time.monotonic() - start < 5 + LOADED_MARGIN
     assert not live_processes(marker="sleep 606")
     server.stop()
@@ -308,7 +310,7 @@ def test_stop_signal_during_start_up_stops_the_trainers(tmp_path):
     trainer = Child("train", ["sleep", "608"], tmp_path / "train.log")
     calls = iter([None, None, 15])
     with pytest.raises(ServerWaitCancelled):
-        watch_training(trainer, server, None, poll=0.1, cancelled=lambda: next(calls, 15))
+        watch_training(trainer, (server,), None, poll=0.1, cancelled=lambda: next(calls, 15))
     assert not live_processes(marker="sleep 608")
     server.stop()
     assert not live_processes(marker="sleep 607")
@@ -317,7 +319,7 @@ def test_stop_signal_during_start_up_stops_the_trainers(tmp_path):
 def test_no_hang_is_called_while_the_server_starts(tmp_path, monkeypatch):
     """A rank silent while the server boots is waiting for it; silence counts from healthy."""
     monkeypatch.setattr(watchdog_module, "SERVER_PROBE_EVERY_S", 0.1)  # for hang_timeout 0.5
-    monkeypatch.setattr(watchdog_module, "WARMUP_S", 0.5)  # the first step's allowance: 300 s
+    monkeypatch.setattr(hang_module, "WARMUP_S", 0.5)  # the first step's allowance: 300 s
     Heartbeat(tmp_path, 0).beat("generate", 0)  # then silent: waits for the server
     port = free_port()
     start = time.monotonic()  # before the launch: healthy_after counts from it
@@ -325,7 +327,7 @@ def test_no_hang_is_called_while_the_server_starts(tmp_path, monkeypatch):
     watchdog = Watchdog(tmp_path / ".heartbeat", 1, timeout=0.5, health_url=server.plan.health_url)
     trainer = Child("train", ["sleep", "609"], tmp_path / "train.log")
     try:
-        watched = watch_training(trainer, server, watchdog, poll=0.1)
+        watched = watch_training(trainer, (server,), watchdog, poll=0.1)
     finally:
         trainer.stop()
         server.stop()

@@ -18,7 +18,7 @@ from maxent_grpo.launch.processes import Child, free_port
 from maxent_grpo.launch.sbatch import node_loss_options
 from maxent_grpo.launch.server_group import launch_servers
 from maxent_grpo.launch.slurm import node_down
-from maxent_grpo.launch.watchdog import watch_training
+from maxent_grpo.launch.watch import watch_training
 from maxent_grpo.vllm_health import ServerError
 from test_server import PY, python_command, server_plan
 
@@ -71,7 +71,7 @@ def test_a_lost_server_is_restarted_with_its_own_log_and_training_goes_on(tmp_pa
     group = launch_servers(plans, tmp_path / "run_vllm.log", {}, events)
     try:
         # Training outlives the loss (0.3 s) and the restart (well under a second here).
-        watched = watch_training(trainer(tmp_path, 1.4), group, None, poll=0.1)
+        watched = watch_training(trainer(tmp_path, 1.4), (group,), None, poll=0.1)
     finally:
         group.stop()
     assert watched.code == 0 and watched.server_died is None
@@ -94,7 +94,7 @@ def test_restarts_are_bounded_and_training_stops_only_when_every_server_is_lost(
     group = launch_servers(always, tmp_path / "v.log", {}, events)
     start = time.monotonic()
     try:
-        watched = watch_training(trainer(tmp_path, 60), group, None, poll=0.1)
+        watched = watch_training(trainer(tmp_path, 60), (group,), None, poll=0.1)
     finally:
         group.stop()
     assert time.monotonic() - start < 30  # stopped, not waited out
@@ -111,7 +111,7 @@ def test_one_server_lost_for_good_leaves_training_to_the_other(tmp_path, monkeyp
     plans = (stand_in(die_after=0.5, marker="always"), stand_in())
     group = launch_servers(plans, tmp_path / "v.log", {}, events)
     try:
-        watched = watch_training(trainer(tmp_path, 1.0), group, None, poll=0.1)
+        watched = watch_training(trainer(tmp_path, 1.0), (group,), None, poll=0.1)
     finally:
         group.stop()
     assert watched.code == 0 and watched.server_died is None
@@ -141,7 +141,7 @@ def test_a_server_that_stops_answering_is_stopped_and_restarted(tmp_path, monkey
     plans = (stand_in(), stand_in(die_after=-0.2, marker=str(tmp_path / "silent-once")))
     group = launch_servers(plans, tmp_path / "v.log", {}, events)
     try:
-        watched = watch_training(trainer(tmp_path, 2.0), group, None, poll=0.1)
+        watched = watch_training(trainer(tmp_path, 2.0), (group,), None, poll=0.1)
     finally:
         group.stop()
     assert watched.code == 0 and watched.server_died is None
@@ -176,7 +176,7 @@ def _second_server_dies_once_under_slurm(tmp_path):
     plans = (stand_in(), stand_in(die_after=0.3, marker=str(tmp_path / "died-once")))
     group = launch_servers(plans, tmp_path / "v.log", {"SLURM_JOB_ID": "7"}, events)
     try:
-        watched = watch_training(trainer(tmp_path, 1.4), group, None, poll=0.1)
+        watched = watch_training(trainer(tmp_path, 1.4), (group,), None, poll=0.1)
     finally:
         group.stop()
     assert watched.code == 0 and watched.server_died is None

@@ -53,6 +53,12 @@ METHODS: dict[str, Method] = {
 RL_METHODS = frozenset({"grpo", "maxent"})
 
 
+def uses_vllm_server(values) -> bool:
+    """Whether a recipe generates on a vLLM server (`use_vllm: true`, `vllm_mode: server`): the
+    one spelling of it. values: RecipeKeys, or the trainers' built config (TRL's args)."""
+    return bool(getattr(values, "use_vllm", False)) and values.vllm_mode == "server"
+
+
 def resolve_method(requested: str | None, declared: str | None, source: str) -> str:
     """The method of a run: the one asked for, the recipe's `method:` key, else grpo.
 

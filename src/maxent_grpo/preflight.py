@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from maxent_grpo.benchmarks.checks import check_benchmarks
 from maxent_grpo.data.errors import DataError
 from maxent_grpo.errors import ConfigError, UserError
-from maxent_grpo.methods import RL_METHODS
+from maxent_grpo.methods import RL_METHODS, uses_vllm_server
 from maxent_grpo.recipe import Recipe
 from maxent_grpo.recipe.checks import (
     REFERENCE,
@@ -80,7 +80,7 @@ def check_context(script_args, training_args, model_args, tools=(), environment=
     (rewards/context.py). script_args.dataset_mixture: parsed. Returns notes for `check`: the
     hub sources it could not read (no hub access before training)."""
     limit = training_args.vllm_max_model_length
-    if not (training_args.use_vllm and training_args.vllm_mode == "server" and limit):
+    if not (uses_vllm_server(training_args) and limit):
         return []
     from maxent_grpo.rewards.context import (  # imports transformers (environments.py)
         fits_context,

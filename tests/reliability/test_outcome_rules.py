@@ -11,6 +11,7 @@ import time
 import pytest
 
 from helpers.procs import LOADED_MARGIN
+from maxent_grpo.launch.hang import AUTO_FLOOR_S, AUTO_STARTUP_S, WARMUP_S, limit_for
 from maxent_grpo.launch.outcomes import (
     classify,
     crash_outcome,
@@ -20,14 +21,8 @@ from maxent_grpo.launch.outcomes import (
     node_failed,
     stop_outcome,
 )
-from maxent_grpo.launch.watchdog import (
-    AUTO_FLOOR_S,
-    AUTO_STARTUP_S,
-    WARMUP_S,
-    Watchdog,
-    Watched,
-    limit_for,
-)
+from maxent_grpo.launch.watch import Watched
+from maxent_grpo.launch.watchdog import Watchdog
 from maxent_grpo.rundir.heartbeat import Heartbeat, exit_kind
 from maxent_grpo.runs.state import Attempt, decide_state
 from maxent_grpo.runs.table import RunInfo, detail_text
@@ -63,7 +58,7 @@ def test_a_failed_node_is_seen_in_sruns_line_or_in_slurms_record_of_the_job():
 
 def test_a_node_failure_is_named_by_sruns_line_though_slurmstepds_comes_after(tmp_path):
     from maxent_grpo.launch.outcomes import classify
-    from maxent_grpo.launch.watchdog import Watched
+    from maxent_grpo.launch.watch import Watched
 
     log = tmp_path / "train.log"
     log.write_text(
@@ -146,7 +141,7 @@ def test_a_rank_that_lost_its_peer_names_the_host_that_went_silent():
 
 def test_classify_reads_the_node_failure_line_the_reports_and_the_heartbeats(tmp_path):
     from maxent_grpo.launch.outcomes import classify
-    from maxent_grpo.launch.watchdog import Watched
+    from maxent_grpo.launch.watch import Watched
 
     beats = tmp_path / ".heartbeat"
     beats.mkdir()
@@ -320,7 +315,7 @@ def test_an_scontrol_record_line_reads_as_a_dict():
 
 def test_crash_grace_comes_from_the_environment_or_one_clear_line():
     from maxent_grpo.errors import UserError
-    from maxent_grpo.launch.watchdog import CRASH_GRACE_S, crash_grace_s
+    from maxent_grpo.launch.watch import CRASH_GRACE_S, crash_grace_s
 
     assert crash_grace_s({}) == CRASH_GRACE_S == 30
     assert crash_grace_s({"MAXENT_GRPO_CRASH_GRACE_S": "7.5"}) == 7.5

@@ -45,13 +45,9 @@ from maxent_grpo.launch.slurm import (
     slurm_job,
     user_error_marker,
 )
-from maxent_grpo.launch.watchdog import (
-    Watchdog,
-    Watched,
-    crash_grace_s,
-    stop_hung,
-    watch_training,
-)
+from maxent_grpo.launch.stacks import stop_hung
+from maxent_grpo.launch.watch import Watched, crash_grace_s, watch_training
+from maxent_grpo.launch.watchdog import Watchdog
 from maxent_grpo.rundir.checkpoints import (
     clear_run_complete,
     clear_stop_request,
@@ -367,7 +363,7 @@ class Attempt(Finish):
             self.reward_server = RewardModelServer(plan.reward_model, reward_log, environ).start()
         if plan.server is not None:
             server_log = log_path(self.request.logs_dir, run_name, "vllm", self.environ)
-            # PYTHONFAULTHANDLER: a hang's SIGABRT prints the server's stacks (watchdog.py).
+            # PYTHONFAULTHANDLER: a hang's SIGABRT prints the server's stacks (stacks.py).
             server_env = {"PYTHONFAULTHANDLER": "1", **server_environ(environ)}
             # Not waited for here: the trainers load the model and data while it boots, and
             # watch_training stops everything if its start-up fails.
@@ -390,19 +386,22 @@ class Attempt(Finish):
         self.trainer = Child("train", plan.train.command, train_log, env=env, echo=True)
         return watch_training(
             self.trainer,
-            self.server,
+            self.servers(),
             watchdog,
             cancelled=lambda: self.stop_signal,
             crash_grace=crash_grace,
-            reward_server=self.reward_server,
         )
+
+    def servers(self) -> tuple:
+        """The run's servers that were started: launch/watch.py Servers."""
+        return tuple(s for s in (self.server, self.reward_server) if s is not None)
 
     def _end_processes(self, watched: Watched, train_log: Path) -> None:
         """Stop whatever of the run is left; after a stop request, first let the trainers
         finish their checkpoint (they may outlive accelerate's launcher after a SIGTERM)."""
         if watched.hang is not None:
             beats = heartbeat_dir(self.output_dir)
-            stop_hung(watched.hang, self.trainer, self.server, train_log, beats)
+            stop_hung(watched.hang, self.trainer, self.servers(), train_log, beats)
         elif self.trainer is not None and (self.stop_reason or stop_requested(self.output_dir)):
             if not self.trainer.wait_group(STOP_DRAIN_S):
                 print(f"trainers still running {STOP_DRAIN_S}s after the stop; stopping them")

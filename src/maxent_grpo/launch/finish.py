@@ -23,7 +23,7 @@ from maxent_grpo.launch.slurm import (
     slurm_verdict,
     slurmd_timeout,
 )
-from maxent_grpo.launch.watchdog import Watched
+from maxent_grpo.launch.watch import Watched
 from maxent_grpo.rundir.checkpoints import (
     last_complete_checkpoint,
     list_checkpoints,

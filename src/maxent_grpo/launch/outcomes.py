@@ -10,7 +10,7 @@ classes (docs/troubleshooting.md, "Why an attempt ended"):
   preempted     Slurm preempted the job (SIGTERM, the job has a PreemptTime)
   time_limit    the time limit's warning signal (SIGUSR1 from training.sh) or TIMEOUT
   stopped       asked to stop: the stop file, Ctrl-C, SIGTERM outside Slurm, scancel
-  hang          no progress for hang_timeout seconds (launch/watchdog.py)
+  hang          no progress for hang_timeout seconds (launch/hang.py)
   crash         a process failed; the same error twice in a row is permanent
   node_failure  a node of the job failed (Slurm said so)
   reward_server_lost  the reward-model server died mid-run; twice in a row is permanent
@@ -226,7 +226,7 @@ def classify(output_dir, watched, stop, previous: Mapping | None, train_log) -> 
     (stop: stop_outcome's arguments, or None), the trainers' exit reports, the end of the
     train log.
 
-    watched: launch/watchdog.py Watched.
+    watched: launch/watch.py Watched.
     """
     if run_is_complete(output_dir):
         return Outcome("completed", "training complete", 0)

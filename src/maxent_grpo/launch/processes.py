@@ -217,6 +217,12 @@ def _stat(pid: str) -> tuple[str, int, int, int] | None:
     return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
 
 
+def process_state(pid: int) -> str | None:
+    """The state letter of a local process (R, S, D, T for stopped, Z), None when gone."""
+    stat = _stat(str(pid))
+    return stat[0] if stat is not None else None
+
+
 def process_table() -> dict[int, tuple[str, int, int, int]] | None:
     """Every process of this machine: pid -> (state, parent, group, start time); None where
     there is no /proc (not Linux)."""

@@ -7,7 +7,7 @@ than a model's load. A server that exits or does not answer in time stops the at
 line and the end of its log, before any trainer starts. It is stopped with the rest of the run
 (Attempt.abort).
 
-Mid-run it is watched (launch/watchdog.py watch_training, each poll): a server that exits while
+Mid-run it is watched (launch/watch.py watch_training, each poll): a server that exits while
 training runs stops the trainers at once and ends the attempt as `reward_server_lost`, one line
 naming the server and its log. It is not restarted in place as a vLLM server is: the trainers'
 bounded retries give up on a refused connection within seconds (reward_server_retries pauses of
@@ -17,6 +17,7 @@ anyway; a requeue restarts it with the run, from the last complete checkpoint.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -35,7 +36,12 @@ POLL_SECONDS = 0.5
 
 
 class RewardModelServer:
-    """The server process of a RewardModelPlan: `start()`, `wait_until_healthy()`, `stop()`."""
+    """The server process of a RewardModelPlan: `start()`, `wait_until_healthy()`, `stop()`;
+    a launch/watch.py Server (healthy before the trainers start)."""
+
+    name = "reward model server"
+    without = "it cannot score without the reward model server"
+    lost_as = "reward_server_died"
 
     def __init__(self, plan: RewardModelPlan, log_path: Path, environ: Mapping[str, str]):
         self.plan, self.log_path = plan, Path(log_path)
@@ -91,6 +97,27 @@ class RewardModelServer:
             f"{server} {how_it_ended(code)} while training ran; its log: {self.log_path}\n"
             "  last lines:" + indented_tail(self.child)
         )
+
+    def check_started(self, cancelled: Callable[[], int | None] = lambda: None) -> bool:
+        return True  # waited for before the trainers started (wait_until_healthy)
+
+    def lost(self, stopping: bool, exited: bool) -> str | None:
+        """Why it is gone, also once the trainers exited: their next scoring fails within
+        seconds of the loss (RewardServerDown), often before a poll saw the server go. None
+        after a stop signal (a preemption's SIGTERM reaches every process of the job: the
+        trainers are saving)."""
+        return None if stopping else self.died_message()
+
+    def remember(self) -> None:
+        if self.child is not None:
+            self.child.members()
+
+    def dump_stacks(self, note: Callable[[str], None]) -> None:
+        """Not dumped: it runs without PYTHONFAULTHANDLER, so SIGABRT would only kill it."""
+
+    def kill(self) -> None:
+        if self.child is not None:
+            self.child.signal(signal.SIGKILL)
 
     def stop(self, grace: float = 10.0) -> int | None:
         if self.child is None:

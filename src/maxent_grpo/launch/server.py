@@ -11,12 +11,14 @@ the API server and vLLM's engine processes) whatever happens to training."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from maxent_grpo.launch.plan import ServerPlan
 from maxent_grpo.launch.processes import Child
+from maxent_grpo.launch.stacks import dump_server_stacks
 from maxent_grpo.vllm_health import (
     HealthWait,
     exit_message,
@@ -27,7 +29,11 @@ POLL_SECONDS = 1.0
 
 class VLLMServer:
     """The server process of a plan: `start()`, `wait_until_healthy()` or `check_started()`
-    at each poll of the launcher's loop, `stop()`."""
+    at each poll of the launcher's loop, `stop()`; a launch/watch.py Server."""
+
+    name = "vLLM server"
+    without = "it cannot generate without the server"
+    lost_as = "server_died"
 
     def __init__(self, plan: ServerPlan, log_path: Path, environ: Mapping[str, str] = os.environ):
         self.plan = plan
@@ -78,6 +84,23 @@ class VLLMServer:
             return None
         return exit_message(self.child, code, "while training ran")
 
+    def lost(self, stopping: bool, exited: bool) -> str | None:
+        """Why it is gone, while the trainers run (a stop signal does not excuse it)."""
+        return None if exited else self.died_message()
+
+    def remember(self) -> None:
+        if self.child is not None:
+            self.child.members()
+
+    def dump_stacks(self, note: Callable[[str], None]) -> None:
+        members = self.child.members() if self.child is not None else []
+        if members:
+            dump_server_stacks(members, self.log_path, note)
+
+    def kill(self) -> None:
+        if self.child is not None:
+            self.child.signal(signal.SIGKILL)
+
     def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM the server's process group, SIGKILL what is left after `grace` seconds."""
         if self.child is None:
@@ -100,7 +123,7 @@ def launch_server(
     plan: ServerPlan, log_path: Path, environ: Mapping[str, str] = os.environ
 ) -> VLLMServer:
     """Start the server without waiting: the launcher's loop watches its start-up
-    (launch/watchdog.py watch_training) while the trainers start beside it."""
+    (launch/watch.py watch_training) while the trainers start beside it."""
     # Whether vLLM is installed was checked before (launch/requirements.py, in prepare()).
     server = VLLMServer(plan, log_path, environ).start()
     print(f"vLLM server starting (pid {server.pid}); log: {log_path}", flush=True)

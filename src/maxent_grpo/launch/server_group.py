@@ -19,6 +19,7 @@ sbatch` asks for it when the plan has several servers, launch/sbatch.py).
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 from maxent_grpo.launch.plan import ServerPlan
 from maxent_grpo.launch.server import VLLMServer
 from maxent_grpo.launch.slurm import node_down
+from maxent_grpo.launch.stacks import dump_server_stacks
 from maxent_grpo.vllm_health import ServerError, probe
 
 # Restarts of one server within one attempt (each a full vLLM start: model load, warm-up).
@@ -48,22 +50,13 @@ def _no_event(event: str, **fields) -> None:
     return None
 
 
-class _Members:
-    """The servers' process trees as one child: what the hang path signals and dumps."""
-
-    def __init__(self, group: ServerGroup):
-        self.group = group
-
-    def members(self) -> list[int]:
-        return [pid for s in self.group.running() for pid in s.child.members()]
-
-    def signal(self, signum: int) -> None:
-        for server in self.group.running():
-            server.child.signal(signum)
-
-
 class ServerGroup:
-    """The plan's servers: started together, watched, each restarted in place when lost."""
+    """The plan's servers: started together, watched, each restarted in place when lost; one
+    launch/watch.py Server to the loop."""
+
+    name = VLLMServer.name
+    without = VLLMServer.without
+    lost_as = VLLMServer.lost_as
 
     def __init__(
         self,
@@ -82,7 +75,6 @@ class ServerGroup:
         self.gone: dict[int, str] = {}  # index -> why it is lost for good
         self.event = event
         self.slurm = bool(environ.get("SLURM_JOB_ID"))  # node states to ask Slurm for
-        self.child = _Members(self)
         self.healthy_after: float | None = None  # every server answered, seconds from start
         self._start = time.monotonic()
 
@@ -220,6 +212,25 @@ class ServerGroup:
         if now >= retry_at:
             del self.retry[index]
             self._lost(index, server, why)
+
+    def lost(self, stopping: bool, exited: bool) -> str | None:
+        """Like one server's: while the trainers run, a stop signal does not excuse it."""
+        return None if exited else self.died_message()
+
+    def members(self) -> list[int]:
+        """The running servers' processes (what the hang path signals and dumps)."""
+        return [pid for s in self.running() for pid in s.child.members()]
+
+    def remember(self) -> None:
+        self.members()
+
+    def dump_stacks(self, note: Callable[[str], None]) -> None:
+        if members := self.members():
+            dump_server_stacks(members, self.log_path, note)
+
+    def kill(self) -> None:
+        for server in self.running():
+            server.child.signal(signal.SIGKILL)
 
     def poll(self) -> int | None:
         """Like one server's: an exit code only once every server is lost for good."""

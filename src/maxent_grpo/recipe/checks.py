@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from maxent_grpo.errors import ConfigError
+from maxent_grpo.methods import uses_vllm_server
 from maxent_grpo.recipe import schema
 from maxent_grpo.recipe.declare import describe, in_range
 from maxent_grpo.recipe.problems import collecting
@@ -281,7 +282,7 @@ def check_server_wait(values) -> None:
     their first generation (train/vllm_connect.py): the first rank waits up to
     vllm_server_timeout, the others in a collective that gives up after ddp_timeout, with an
     error that names neither. The first wait must end first."""
-    if not (values.use_vllm and values.vllm_mode == "server"):
+    if not uses_vllm_server(values):
         return
     if values.vllm_server_timeout >= values.ddp_timeout:
         raise ConfigError(

@@ -27,6 +27,7 @@ import trl
 from trl import ModelConfig
 
 from maxent_grpo.errors import ConfigError, ConfigProblems
+from maxent_grpo.methods import uses_vllm_server
 from maxent_grpo.recipe.converters import CONVERTERS
 from maxent_grpo.recipe.declare import Accepts, check_own_ranges
 from maxent_grpo.recipe.launch_keys import LauncherKeys
@@ -304,7 +305,7 @@ class GRPOConfig(trl.GRPOConfig):
         if not self.async_generation:
             return
         lines = []
-        if not (self.use_vllm and self.vllm_mode == "server"):
+        if not uses_vllm_server(self):
             lines.append(
                 "async_generation: true needs a vLLM server to generate while the trainers "
                 "train; set use_vllm: true and vllm_mode: server, or async_generation: false"

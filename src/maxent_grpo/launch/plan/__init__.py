@@ -36,7 +36,7 @@ from maxent_grpo.launch.plan.server import (
     node_servers,
 )
 from maxent_grpo.launch.plan.training import cpu_plan, gpu_plan, train_everywhere
-from maxent_grpo.methods import RL_METHODS
+from maxent_grpo.methods import RL_METHODS, uses_vllm_server
 from maxent_grpo.recipe.parser import RecipeKeys
 
 __all__ = [
@@ -80,7 +80,7 @@ def make_plan(env: Environment, recipe: RecipeKeys, ports: Ports = DEFAULT_PORTS
 
 
 def _make_plan(env: Environment, recipe: RecipeKeys, ports: Ports) -> Plan:
-    server_mode = recipe.use_vllm and recipe.vllm_mode == "server"
+    server_mode = uses_vllm_server(recipe)
     check_vllm_nodes_used(recipe, server_mode)
     if recipe.vllm_nodes > 1:
         return _node_servers_plan(env, recipe, ports)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from maxent_grpo.launch.plan.model import Environment, Plan, PlanError, Ports, RewardModelPlan
-from maxent_grpo.methods import RL_METHODS
+from maxent_grpo.launch.plan.server import data_parallel_size
+from maxent_grpo.methods import RL_METHODS, uses_vllm_server
 from maxent_grpo.recipe.parser import RecipeKeys
 from maxent_grpo.rewards.remote import MODEL_PREFIX, REWARD_MODEL_VARIABLE
 
@@ -40,12 +41,14 @@ def _served_model(recipe: RecipeKeys) -> str:
     return entries[0]
 
 
-def _server_gpus(recipe: RecipeKeys) -> int:
-    """GPUs the vLLM server takes on the node (the one-node rule of plan/server.py)."""
-    server_mode = recipe.use_vllm and recipe.vllm_mode == "server"
-    if not server_mode or recipe.vllm_server_base_url or recipe.vllm_server_device == "cpu":
+def _server_gpus(env: Environment, recipe: RecipeKeys) -> int:
+    """GPUs the vLLM server takes on the one node (its replicas: plan/server.py's rule)."""
+    if not uses_vllm_server(recipe) or recipe.vllm_server_base_url:
         return 0
-    return recipe.vllm_tensor_parallel_size * (recipe.vllm_data_parallel_size or 1)
+    if recipe.vllm_server_device == "cpu":
+        return 0
+    replicas, _why = data_parallel_size(recipe, len(env.gpus), len(env.nodes))
+    return recipe.vllm_tensor_parallel_size * replicas
 
 
 def _check_fits(env: Environment, recipe: RecipeKeys) -> None:
@@ -56,7 +59,7 @@ def _check_fits(env: Environment, recipe: RecipeKeys) -> None:
             "planned on one node only; run on one node, or set reward_model_gpus: 0 (TRL "
             "scores the model in the trainers)"
         )
-    serve = _server_gpus(recipe)
+    serve = _server_gpus(env, recipe)
     if n + serve + 1 > have:
         vllm = f" + vLLM server {serve}" if serve else ""
         raise PlanError(
