@@ -281,7 +281,7 @@ def test_a_restart_that_cannot_start_waits_for_slurms_verdict_on_its_node(tmp_pa
     )
     group = launch_servers((stand_in(), second), tmp_path / "v.log", {"SLURM_JOB_ID": "7"})
     try:
-        watched = watch_training(trainer(tmp_path, 4.0), group, None, poll=0.05)
+        watched = watch_training(trainer(tmp_path, 4.0), (group,), None, poll=0.05)
     finally:
         group.stop()
     assert watched.code == 0 and watched.server_died is None

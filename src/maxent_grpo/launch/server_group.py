@@ -1,9 +1,9 @@
 """Several vLLM servers (vllm_nodes > 1), watched as one by the launcher's loop.
 
 A ServerGroup starts one VLLMServer per server of the plan (the first node's directly, the
-others through their srun step, plan/server.py), and answers the loop (launch/watchdog.py
-watch_training) as one server does: `check_started` is True once every server answered
-/health; `died_message` is None while any server runs or can still be restarted. A server
+others through their srun step, plan/server.py), and answers the loop (launch/watch.py
+watch_training) as one server does (launch/watch.py Server): `check_started` is True once every
+server answered /health; `lost` is None while any server runs or can still be restarted. A server
 that exits while training runs is restarted in place, at most MAX_RESTARTS times per server,
 each start in a log of its own; `server_lost` and `server_back` events record it (the
 trainers' pool, train/server_pool.py, sends its requests to the others meanwhile and gives it
