@@ -290,6 +290,27 @@ def _add_runs_commands(sub) -> None:
     plot.add_argument("--out", default=None, help="PNG file (default: <output_dir>/<run>.png)")
     plot.add_argument("--csv", default=None, help="CSV file (default: the PNG's name, .csv)")
     plot.add_argument("--outputs", default="outputs", help="where run names are looked up")
+    logs = sub.add_parser(
+        "logs", help="a run's last attempt's logs by component (train, vllm, ...)"
+    )
+    logs.add_argument("run", help="run name (its output_dir's name) or an output directory")
+    logs.add_argument(
+        "--component",
+        default=None,
+        metavar="NAME",
+        help="train, vllm, vllm-server1, vllm-restart1, reward_model, ... (default: all)",
+    )
+    logs.add_argument(
+        "--dir",
+        dest="dirs",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="where to look for logs and output dirs (repeatable; default: outputs and logs)",
+    )
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="print what the logs gain until the run ends"
+    )
 
 
 def _request(args):
@@ -308,7 +329,7 @@ def _request(args):
 
 def _run(args) -> int:
     # Each command imports what only it needs: `run` (every attempt, every requeue) stays light.
-    if args.command in ("runs", "plot"):
+    if args.command in ("runs", "plot", "logs"):
         return _report(args)
     if args.command == "eval":
         from maxent_grpo.evaluate.command import main as evaluate_main  # eval only
@@ -347,7 +368,7 @@ def _run(args) -> int:
 
 
 def _report(args) -> int:
-    """`runs` and `plot`: read run directories, start nothing."""
+    """`runs`, `plot` and `logs`: read run directories, start nothing."""
     if args.command == "runs":
         from maxent_grpo.runs import main as runs_main  # runs only
 
@@ -361,6 +382,10 @@ def _report(args) -> int:
         from maxent_grpo.runs.plot import main as plot_main  # plot only
 
         return plot_main(args.run[0], args.out, args.csv, args.outputs)
+    if args.command == "logs":
+        from maxent_grpo.runs.logs import main as logs_main  # logs only
+
+        return logs_main(args.run, args.dirs, args.component, args.follow)
     raise AssertionError(args.command)
 
 
