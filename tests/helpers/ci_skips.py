@@ -13,7 +13,7 @@ import pytest
 
 # Markers whose tests a step of their own runs in CI (.ci/run: make test-slurm, test-multinode,
 # test-vllm, test-fresh-clone, test-gpu-kit, test-redteam).
-OWN_CI_STEP = {"slurm", "multinode", "vllm", "freshclone", "gpukit", "redteam"}
+OWN_CI_STEP = {"slurm", "multinode", "vllm", "freshclone", "gpukit", "redteam", "chaos"}
 
 
 def in_ci() -> bool:

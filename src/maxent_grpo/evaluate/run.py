@@ -27,6 +27,7 @@ from maxent_grpo.evaluate.generate import (
     prompt_texts,
 )
 from maxent_grpo.evaluate.scoring import score_rewards
+from maxent_grpo.faults import failpoint
 from maxent_grpo.recipe.needs import uses_wandb
 from maxent_grpo.rundir.checkpoints import CHECKPOINT_MARKER
 from maxent_grpo.rundir.events import emit, read_events
@@ -194,6 +195,7 @@ def evaluate_target(
     written and the names that failed. A failure is an `eval_fail` event (one benchmark's
     failure does not stop the others); a checkpoint removed meanwhile is an `eval_skip`.
     progress(): called between generation batches."""
+    failpoint("evaluation", target.step)
     out = Path(recipe.output_dir)
     todo = missing(read_events(out), target.step, [b.name for b in benches], ("eval",))
     if not todo:

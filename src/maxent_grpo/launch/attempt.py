@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from maxent_grpo.errors import EXIT_USER_ERROR, UserError
+from maxent_grpo.faults import failpoint
 from maxent_grpo.launch.finish import Finish
 from maxent_grpo.launch.init_from import with_init
 from maxent_grpo.launch.launcher import Prepared, RunRequest, prepare
@@ -399,6 +400,7 @@ class Attempt(Finish):
     def _end_processes(self, watched: Watched, train_log: Path) -> None:
         """Stop whatever of the run is left; after a stop request, first let the trainers
         finish their checkpoint (they may outlive accelerate's launcher after a SIGTERM)."""
+        failpoint("teardown")
         if watched.hang is not None:
             beats = heartbeat_dir(self.output_dir)
             stop_hung(watched.hang, self.trainer, self.servers(), train_log, beats)

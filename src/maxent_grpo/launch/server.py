@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from maxent_grpo.faults import failpoint
 from maxent_grpo.launch.plan import ServerPlan
 from maxent_grpo.launch.processes import Child
 from maxent_grpo.launch.stacks import dump_server_stacks
@@ -46,6 +47,7 @@ class VLLMServer:
     def start(self) -> VLLMServer:
         self.child = Child("vllm", self.plan.command, self.log_path, env=self.env)
         self.health = HealthWait(self.child, self.plan.health_url, self.plan.timeout)
+        failpoint("server_start")
         return self
 
     @property

@@ -38,9 +38,38 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Checkpoint]:
     for entry in root.iterdir():
         match = _CHECKPOINT_RE.match(entry.name)
         if match and entry.is_dir():
-            complete = (entry / CHECKPOINT_MARKER).is_file()
-            found.append(Checkpoint(int(match.group(1)), entry, complete))
+            found.append(Checkpoint(int(match.group(1)), entry, checkpoint_is_whole(entry)))
     return sorted(found, key=lambda c: c.step)
+
+
+def _file_sizes(path: Path) -> dict[str, int]:
+    """Every file of a checkpoint but its marker, with its size in bytes."""
+    sizes = {}
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            file = Path(root) / name
+            if name != CHECKPOINT_MARKER and not name.startswith(f".{CHECKPOINT_MARKER}."):
+                sizes[str(file.relative_to(path))] = file.stat().st_size
+    return sizes
+
+
+def checkpoint_is_whole(path: Path) -> bool:
+    """The checkpoint has its marker and every file the marker lists, at the size it had when
+    marked. A marker alone is not enough: a node that dies later can leave a file cut short
+    or gone (found by bench/chaos.py: resuming from such a checkpoint failed, or trained on
+    with a fresh optimizer). Markers written before the sizes were recorded list none."""
+    try:
+        marker = json.loads((path / CHECKPOINT_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    files = marker.get("files", {}) if isinstance(marker, dict) else {}
+    for name, size in files.items():
+        try:
+            if (path / name).stat().st_size != size:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
@@ -101,7 +130,8 @@ def write_json_atomic(path: Path, payload: dict) -> None:
 def mark_checkpoint_complete(checkpoint_dir: str | os.PathLike, step: int) -> None:
     path = Path(checkpoint_dir)
     _fsync_tree(path)
-    write_json_atomic(path / CHECKPOINT_MARKER, {"step": step, "time": time.time()})
+    marker = {"step": step, "time": time.time(), "files": _file_sizes(path)}
+    write_json_atomic(path / CHECKPOINT_MARKER, marker)
 
 
 def delete_checkpoints(paths: list[Path]) -> None:

@@ -205,6 +205,7 @@ def make_stop_callback(trainer):
             failpoint("step_begin", state.global_step + 1)
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            failpoint("optimizer_step", state.global_step + 1)
             if vote is not None:
                 with timed("stop_callback"):
                     vote.send(stop_signalled() or stop_requested(args.output_dir))

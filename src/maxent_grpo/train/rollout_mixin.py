@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from transformers import TrainerCallback
 
+from maxent_grpo.faults import failpoint
 from maxent_grpo.rollout_filters import FilterSettings, Group, apply_filters, resolve_filters
 from maxent_grpo.train.rollouts import StepTally, round_sizes, usable_groups
 from maxent_grpo.train.state import state_registry
@@ -74,6 +75,7 @@ class RolloutMixin:
     # ---- one round ------------------------------------------------------------------------
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        failpoint("scoring", self.state.global_step + 1)
         rewards_per_func = super()._calculate_rewards(
             inputs, prompts, completions, completion_ids_list
         )
@@ -173,6 +175,7 @@ class RolloutMixin:
         return rows
 
     def _generate_and_score_completions(self, inputs):
+        failpoint("generation", self.state.global_step + 1)
         if not (self._rollouts_on and self.model.training):
             return super()._generate_and_score_completions(inputs)
         config, k = self.args, self.num_generations

@@ -48,6 +48,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from maxent_grpo.errors import UserError
+from maxent_grpo.faults import failpoint
 from maxent_grpo.train.server_pool import ServerPool, for_each
 from maxent_grpo.train.vllm_connect import deferred_generation_class
 
@@ -360,6 +361,7 @@ class VLLMSyncMixin:
                 connect()  # the first sync waits for the server: not part of its time
                 if record is not None:
                     record("server_start", time.perf_counter() - waited)
+            failpoint("weight_push", step + 1)
             start = time.perf_counter()
             sync()
             seconds = time.perf_counter() - start
