@@ -47,6 +47,10 @@ if [[ -n "${SLURM_JOB_ID:-}" ]]; then
     # Marks where each attempt starts in logs/slurm_<job>.err (appended across requeues).
     echo "training.sh: job ${SLURM_JOB_ID} attempt ${SLURM_RESTART_COUNT:-0}" \
         "task ${SLURM_ARRAY_TASK_ID:-none} on $(hostname) at $(date -Is)" >&2
+    # The attempt's GPUs by name and UUID: a faulty or swapped GPU can be named from the log.
+    if command -v nvidia-smi >/dev/null; then
+        timeout 30 nvidia-smi -L >&2 || echo "training.sh: nvidia-smi -L failed (exit $?)" >&2
+    fi
 fi
 
 # The method is the recipe's `method:` key (grpo when it has none); MAXENT=1 asks for maxent.

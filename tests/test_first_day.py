@@ -105,6 +105,30 @@ def test_sbatch_without_slurm_is_one_line(tmp_path, tiny_model):
     ]
 
 
+def test_a_slurm_attempt_lists_its_gpus_in_the_jobs_log(tmp_path):
+    """training.sh under Slurm writes `nvidia-smi -L` (names, UUIDs) to the job's stderr log;
+    a stand-in nvidia-smi (no GPU here) and maxent-grpo (MAXENT_GRPO_ENV=current) on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {
+        "nvidia-smi": 'echo "GPU 0: NVIDIA H200 (UUID: GPU-0f1e)"',
+        "maxent-grpo": 'echo "launcher: $*"',
+    }.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**child_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "5"}
+    env["MAXENT_GRPO_ENV"] = "current"
+    done = subprocess.run(
+        ["bash", "training.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "launcher: run --config recipes/smoke/config_grpo.yaml" in done.stdout
+    err = done.stderr.splitlines()
+    assert err[0].startswith("training.sh: job 5 attempt 0") and err[1] == (
+        "GPU 0: NVIDIA H200 (UUID: GPU-0f1e)"
+    ), err
+
+
 def test_the_entry_scripts_set_the_launchers_thread_default(tmp_path):
     # runpy with another run_name: the script's imports and defaults, no training.
     code = (
