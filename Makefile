@@ -61,7 +61,7 @@ test-gpu-kit:
 
 # Hostile programs against the code rewards' sandbox (needs bubblewrap; about 10 s).
 test-redteam: sandbox-tool
-	MAXENT_GRPO_REDTEAM_TESTS=1 $(PYTEST) -m redteam -q tests/test_code_rewards_redteam.py
+	MAXENT_GRPO_REDTEAM_TESTS=1 $(PYTEST) -m redteam -q tests/test_code_rewards_redteam.py tests/test_code_rewards_redteam_host.py
 
 # Real rehearsals (maxent-grpo rehearse, docs/rehearse.md): recipes rehearsed whole, and broken
 # on purpose so that each passport row is seen failing (several minutes on 2 cores).

@@ -8,6 +8,7 @@ with the trainer's user (root in CI), through the reward functions where a score
 from __future__ import annotations
 
 import os
+import pwd
 import secrets
 import socket
 import subprocess
@@ -676,33 +677,54 @@ def _system_python() -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
+ORDINARY_USER = "maxent-redteam"  # made with useradd when missing (left in place)
+
+
+def _ordinary_user() -> tuple[int, int]:
+    """uid and gid of an ordinary (not root, not nobody) user, made if there is none."""
+    try:
+        entry = pwd.getpwnam(ORDINARY_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
+             "/usr/sbin/nologin", ORDINARY_USER],
+            check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+        entry = pwd.getpwnam(ORDINARY_USER)
+    return entry.pw_uid, entry.pw_gid
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="already run as an unprivileged user")
 @pytest.mark.skipif(_system_python() is None, reason="no system python of this version")
 def test_the_suite_holds_for_an_unprivileged_trainer():
-    """Attack: all of the above, with the trainer run as nobody (setpriv), the way a cluster
-    user runs it. Verdict: every test of this file passes there too, none skipped."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    """Attack: all of the above and tests/test_code_rewards_redteam_host.py, with the trainer
+    run as an ordinary user (setpriv, a user made with useradd when missing), the way a cluster
+    user runs it. Verdict: every test of both files passes there too, none skipped."""
+    here = os.path.dirname(os.path.abspath(__file__))
     site_packages = next(p for p in sys.path if p.endswith("site-packages") and sys.prefix in p)
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": "/tmp",
         "OMP_NUM_THREADS": "1",
         "MAXENT_GRPO_REDTEAM_TESTS": "1",
-        "PYTHONPATH": f"{root}/src:{site_packages}",
+        "PYTHONPATH": f"{os.path.dirname(here)}/src:{site_packages}",
     }
-    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", _system_python()]
+    uid, gid = _ordinary_user()
+    command = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", _system_python()]
     command += ["-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not unprivileged"]
+    files = [os.path.abspath(__file__), os.path.join(here, "test_code_rewards_redteam_host.py")]
     result = subprocess.run(
-        [*command, os.path.abspath(__file__)],
+        [*command, *files],
         env=env,
         cwd="/tmp",
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
         check=False,
     )
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr
     assert result.returncode == 0 and "skipped" not in summary, result.stdout[-2000:]
+    assert "passed" in summary and "deselected" in summary, summary  # both files ran
 
 
 if __name__ == "__main__":

@@ -7,10 +7,11 @@ parent-death signal nor become undumpable (seccomp); and after every run the tra
 through a pidfd opened when it started (bwrap's ``--info-fd`` names it), which ends every
 process of the namespace, then waits for it. No cgroup is made (see :func:`cgroup_note`).
 
-Memory: ``RLIMIT_AS``; no memory files, SysV/POSIX shared memory or message queues, inotify
-(seccomp); ``/dev`` read-only (no ``/dev/shm``); at most ``Limits.open_files`` descriptors; and
-``/box`` a tmpfs that the child mounts itself, in a mount namespace of its own, with both a
-size and an inode cap (bubblewrap's ``--tmpfs`` takes no inode cap), gone with the run.
+Memory: ``RLIMIT_AS``; no memory files, SysV/POSIX shared memory or message queues, pipes
+past 64 KiB (seccomp); ``/dev`` read-only (no ``/dev/shm``); at most ``Limits.open_files``
+descriptors; and ``/box`` a tmpfs that the child mounts itself, in a mount namespace of its
+own, with both a size and an inode cap (bubblewrap's ``--tmpfs`` takes no inode cap), gone
+with the run.
 """
 
 from __future__ import annotations
@@ -41,13 +42,33 @@ _CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 
 # x86-64 system calls the program gets EPERM for: processes and threads (clone, clone3, fork,
-# vfork), other processes' memory, mounts and namespaces, keyrings, kernel modules, BPF,
-# perf, userfaultfd, io_uring, personality; and memory no rlimit counts: memfd_create,
-# memfd_secret, shmget, msgget, mq_open, inotify. Numbers from the kernel's syscall_64.tbl.
+# vfork), other processes' memory, mounts (old and new API) and namespaces, keyrings, kernel
+# modules, BPF, perf, userfaultfd, io_uring, personality; memory no rlimit counts: memfd_create,
+# memfd_secret, shmget, msgget, mq_open; and what reaches the host's files through the read-only
+# binds: inotify, fanotify, flock, fadvise64, readahead, mincore, cachestat, sync, syncfs,
+# sync_file_range, process_madvise, setting or removing xattrs. Numbers: the kernel's
+# syscall_64.tbl.
 _DENIED_X86_64 = (56, 57, 58, 435, 101, 310, 311, 165, 166, 155, 161, 272, 308, 248, 249, 250)
 _DENIED_X86_64 += (175, 176, 313, 246, 320, 321, 298, 323, 425, 426, 427, 135, 303, 304)
-_DENIED_X86_64 += (319, 447, 29, 68, 240, 253, 254, 294)
-_PRCTL, _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 157, 1, 4
+_DENIED_X86_64 += (319, 447, 29, 68, 240, 253, 254, 294, 428, 429, 430, 431, 432, 433, 442)
+_DENIED_X86_64 += (300, 301, 73, 221, 187, 27, 451, 162, 306, 277, 440)
+_DENIED_X86_64 += (188, 189, 190, 197, 198, 199, 463, 466)
+_AF_UNIX = 1
+# Calls refused for some values of one argument: (number, argument, values refused). prctl:
+# PR_SET_PDEATHSIG, PR_SET_DUMPABLE (it would outlive bwrap, or hide its /proc from a trainer of
+# the same uid); fcntl: the lock commands (F_GETLK, F_SETLK, F_SETLKW and the OFD ones), leases,
+# dnotify (F_NOTIFY) and F_SETPIPE_SZ (a pipe's buffer stays 64 KiB); madvise: MADV_COLD and
+# MADV_PAGEOUT (out of the page cache, for files the trainer's uid owns).
+_ARGUMENT_DENIED = (
+    (157, 0, (1, 4)),
+    (72, 1, (5, 6, 7, 36, 37, 38, 1024, 1025, 1026, 1031)),
+    (28, 2, (20, 21)),
+)
+# Calls allowed for one value of an argument only: socket and socketpair, AF_UNIX (no vsock,
+# packet, netlink, inet, alg, bluetooth, ...: their port spaces or kernel state are not all
+# the network namespace's).
+_ARGUMENT_ONLY = ((41, 0, (_AF_UNIX,)), (53, 0, (_AF_UNIX,)))
+_EPERM, _ALLOW = 0x00050001, 0x7FFF0000  # SECCOMP_RET_ERRNO | EPERM, SECCOMP_RET_ALLOW
 
 #: How a run's processes and memory end, in one line (logged once by ``require``).
 LIFETIME = (
@@ -57,19 +78,30 @@ LIFETIME = (
 )
 
 
+def _argument_block(number: int, argument: int, values: tuple, listed: int) -> list:
+    """Instructions for one call checked by one argument (its low 32 bits): a listed value
+    returns `listed`, any other the opposite; another call skips the block."""
+    other = _ALLOW if listed == _EPERM else _EPERM
+    body = [(0x20, 0, 0, 16 + 8 * argument)]
+    for value in values:
+        body += [(0x15, 0, 1, value), (0x06, 0, 0, listed)]
+    body.append((0x06, 0, 0, other))
+    return [(0x15, 0, len(body), number), *body]
+
+
 def seccomp_filter() -> bytes:
     """A classic-BPF seccomp program (struct sock_filter array), or b"" off x86-64."""
     if platform.machine() != "x86_64":
         return b""
-    eperm, allow = 0x00050001, 0x7FFF0000  # SECCOMP_RET_ERRNO | EPERM, SECCOMP_RET_ALLOW
     ins = [(0x20, 0, 0, 4), (0x15, 1, 0, 0xC000003E), (0x06, 0, 0, 0x80000000)]  # arch or kill
-    ins += [(0x20, 0, 0, 0), (0x35, 0, 1, 0x40000000), (0x06, 0, 0, eperm)]  # x32: EPERM
+    ins += [(0x20, 0, 0, 0), (0x35, 0, 1, 0x40000000), (0x06, 0, 0, _EPERM)]  # x32: EPERM
     for number in _DENIED_X86_64:
-        ins += [(0x15, 0, 1, number), (0x06, 0, 0, eperm)]
-    # prctl: PR_SET_PDEATHSIG and PR_SET_DUMPABLE refused (it would outlive bwrap, or hide
-    # its /proc from a trainer of the same uid); any other option allowed.
-    ins += [(0x15, 0, 4, _PRCTL), (0x20, 0, 0, 16), (0x15, 1, 0, _PR_SET_PDEATHSIG)]
-    ins += [(0x15, 0, 1, _PR_SET_DUMPABLE), (0x06, 0, 0, eperm), (0x06, 0, 0, allow)]
+        ins += [(0x15, 0, 1, number), (0x06, 0, 0, _EPERM)]
+    for number, argument, values in _ARGUMENT_DENIED:
+        ins += _argument_block(number, argument, values, _EPERM)
+    for number, argument, values in _ARGUMENT_ONLY:
+        ins += _argument_block(number, argument, values, _ALLOW)
+    ins.append((0x06, 0, 0, _ALLOW))
     return b"".join(struct.pack("<HBBI", *i) for i in ins)
 
 

@@ -13,8 +13,10 @@ program's values bound to its holes, never calling anything of the program's.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import operator
+import re
 from typing import Any
 
 MAX_DEPTH = 32
@@ -97,28 +99,114 @@ def _bounded(value: Any) -> Any:
     return value
 
 
+def weight(value: Any, limit: int = MAX_SIZE) -> int:
+    """What building or printing value costs: items and characters, a shared item counted each
+    time it appears (``[s] * n`` weighs n times s). Unjudgeable past `limit`, found early."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        total += 1
+        if isinstance(item, (str, bytes)):
+            total += len(item)
+        elif type(item) is int:
+            total += item.bit_length() >> 6
+        elif isinstance(item, dict):
+            stack += item.keys()
+            stack += item.values()
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack += item
+        if total > limit:
+            raise Unjudgeable("value too large")
+    return total
+
+
 def _pow(base, exponent, modulo=None):
-    if type(exponent) is int and exponent > 0 and type(base) is int and modulo is None:
-        if base.bit_length() * exponent > MAX_BITS:
+    if type(exponent) is int and type(base) is int and exponent > 0:
+        if modulo is None and base.bit_length() * exponent > MAX_BITS:
             raise Unjudgeable("power too large")
+        if type(modulo) is int and exponent.bit_length() * modulo.bit_length() > 1 << 22:
+            raise Unjudgeable("modular power too costly")
     return pow(base, exponent, modulo)
 
 
 def _mul(a, b):
     for seq, n in ((a, b), (b, a)):
-        if (
-            isinstance(seq, (str, bytes, list, tuple))
-            and type(n) is int
-            and len(seq) * n > MAX_SIZE
-        ):
-            raise Unjudgeable("product too large")
+        if isinstance(seq, (str, bytes, list, tuple)) and type(n) in (int, bool) and n > 0:
+            if n > MAX_SIZE or weight(seq) * n > MAX_SIZE:
+                raise Unjudgeable("product too large")
+    if type(a) is int and type(b) is int and a.bit_length() + b.bit_length() > MAX_BITS:
+        raise Unjudgeable("product too large")
     return a * b
 
 
+def _add(a, b):
+    if isinstance(a, (str, bytes, list, tuple)) and isinstance(b, (str, bytes, list, tuple)):
+        if len(a) + len(b) > MAX_SIZE:
+            raise Unjudgeable("sum too large")
+    return a + b
+
+
 def _shift(a, b):
-    if type(b) is int and b > MAX_BITS:
+    if type(b) is int and (b > MAX_BITS or (type(a) is int and a.bit_length() + b > MAX_BITS)):
         raise Unjudgeable("shift too large")
     return a << b
+
+
+# A %-conversion: optional (key), flags, width, precision, length modifier, type.
+_CONVERSION = re.compile(r"%(?:\(([^)]*)\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d*))?[hlL]?(.?)", re.S)
+
+
+def _mod(a, b):
+    """``a % b``; for a format string, its result's size is bounded before it is built (widths
+    and precisions the program picks, a mapping's value used again and again)."""
+    if not isinstance(a, (str, bytes)):
+        return operator.mod(a, b)
+    text = a.decode("latin-1") if isinstance(a, bytes) else a
+    total, position = len(text), 0
+    for key, width, precision, kind in _CONVERSION.findall(text):
+        if "*" in (width, precision) or len(width) > 7 or len(precision or "") > 7:
+            raise Unjudgeable("format width too large")
+        total += int(width or 0) + int(precision or 0)
+        if kind == "%":
+            continue
+        if key and isinstance(b, dict):
+            argument = b.get(key)
+        elif isinstance(b, tuple):
+            argument, position = b[position : position + 1], position + 1
+        else:
+            argument = b
+        total += 10 * weight(argument)  # repr escapes a character in at most 10
+        if total > MAX_SIZE:
+            raise Unjudgeable("formatted string too large")
+    return a % b
+
+
+def _round(number, ndigits=None):
+    if type(ndigits) is int and abs(ndigits) > 4300:  # an int's round builds 10**ndigits
+        raise Unjudgeable("round to too many digits")
+    return round(number, ndigits)
+
+
+def _sum(items, start=0):
+    values = [*items, start]
+    if not all(type(value) in (int, float, bool, complex) for value in values):
+        raise Unjudgeable("sum of other than numbers")  # sum(lists, []) is quadratic
+    return sum(items, start)
+
+
+def _join(separator, items):
+    items = list(items)
+    if len(separator) * len(items) + sum(weight(item) for item in items) > MAX_SIZE:
+        raise Unjudgeable("joined string too large")
+    return separator.join(items)
+
+
+def _replace(text, old, new, count=-1):
+    found = text.count(old)
+    found = found if type(count) is not int or count < 0 else min(found, count)
+    if len(text) + found * max(0, len(new) - len(old)) > MAX_SIZE:
+        raise Unjudgeable("replaced string too large")
+    return text.replace(old, new, count)
 
 
 def _range(*args):
@@ -134,8 +222,10 @@ def _hashed(kind):
 
 #: The built-ins an expression here may call (pure, bounded by their inputs).
 FUNCTIONS = {
-    **{f.__name__: f for f in (sorted, list, tuple, len, abs, round, min, max, sum, str)},
+    **{f.__name__: f for f in (sorted, list, tuple, len, abs, min, max, str)},
     **{f.__name__: f for f in (int, float, bool, any, all, repr, chr, ord, divmod, complex)},
+    "round": _round,
+    "sum": _sum,
     "set": _hashed(set),
     "frozenset": _hashed(frozenset),
     "dict": _hashed(dict),
@@ -158,9 +248,11 @@ METHODS = {
     frozenset: {"issubset", "issuperset", "union", "intersection", "difference", "isdisjoint"},
     bytes: {"startswith", "endswith", "decode", "count", "find"},
 }
+#: Methods whose result can be far larger than their inputs: checked before they run.
+_CAPPED_METHODS = {"join": _join, "replace": _replace}
 _BINARY = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: _mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: _pow,
+    ast.Add: _add, ast.Sub: operator.sub, ast.Mult: _mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: _mod, ast.Pow: _pow,
     ast.LShift: _shift, ast.RShift: operator.rshift, ast.BitAnd: operator.and_,
     ast.BitOr: operator.or_, ast.BitXor: operator.xor,
 }  # fmt: skip
@@ -255,5 +347,6 @@ def callee(node: ast.expr, env: dict[str, Any], check_methods: bool = True):
         return "method"
     owner = evaluate(node.value, env)
     if node.attr in METHODS.get(type(owner), ()):
-        return getattr(owner, node.attr)
+        capped = _CAPPED_METHODS.get(node.attr) if isinstance(owner, (str, bytes)) else None
+        return functools.partial(capped, owner) if capped else getattr(owner, node.attr)
     return None
