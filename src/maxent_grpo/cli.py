@@ -237,9 +237,12 @@ def _add_eval_command(sub) -> None:
 def _add_migrate_command(sub) -> None:
     migrate = sub.add_parser(
         "migrate",
-        help="rewrite an open-r1 / older-TRL recipe for this toolkit (comments kept); check it",
+        help="rewrite an open-r1 / older-TRL / upstream recipe (comments kept), a verl script or "
+        "config, or a prime-rl TOML for this toolkit; check it",
     )
-    migrate.add_argument("recipe", help="the recipe YAML to translate")
+    migrate.add_argument(
+        "recipe", help="the recipe YAML, verl script (.sh) or config, prime-rl TOML to translate"
+    )
     migrate.add_argument("-o", "--out", required=True, help="where to write the translated recipe")
     migrate.add_argument(
         "--method", choices=list(METHODS), default=None, help="as for check (default: the recipe's)"
@@ -446,19 +449,13 @@ def _check(request, environment) -> str:
 
 def _migrate(args) -> int:
     """`migrate`: write the translated recipe, list what changed, then check the result."""
-    from maxent_grpo.migrate.engine import (  # migrate only
-        behaviour_differences,
-        default_drift,
-        migrate_text,
-    )
+    from maxent_grpo.migrate.command import translate  # migrate only
+    from maxent_grpo.migrate.engine import behaviour_differences, default_drift  # migrate only
 
-    load_recipe_file(args.recipe)  # one line for a missing or malformed file
-    text, changes = migrate_text(
-        Path(args.recipe).read_text(),
-        args.recipe,
-        args.gpus and args.gpus * args.nodes,
-        trl_version=args.trl_version,
-    )
+    if not Path(args.recipe).is_file():
+        load_recipe_file(args.recipe)  # one line for a missing file
+    done = translate(args.recipe, args.gpus, args.nodes, args.trl_version, os.environ)
+    text, changes = done.text, done.changes
     Path(args.out).write_text(text)
     left_out = [c for c in changes if c.left_out]
     print(
@@ -467,6 +464,9 @@ def _migrate(args) -> int:
     )
     for change in changes:
         print(f"  {'left out' if change.left_out else 'changed'}: {change.text}")
+    if done.arithmetic:
+        print("batch, re-fit to the planned processes (completions, as the source's):")
+        print("\n".join(f"  {line}" for line in done.arithmetic))
     differences = behaviour_differences(changes)
     if differences:
         print(f"behaviour differences: this run trains differently from {args.recipe} in:")
@@ -474,6 +474,7 @@ def _migrate(args) -> int:
     if drift := default_drift(changes):
         print(f"defaults that changed since {args.recipe}'s TRL, written out with the old value:")
         print("\n".join(f"  - {line}" for line in drift))
+    args.gpus, args.nodes = done.gpus, done.nodes  # a verl / prime-rl source's own allocation
     environment, note = _migrate_target(args)
     try:
         print(note or "", end="\n" if note else "")

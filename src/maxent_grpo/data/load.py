@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import datasets
@@ -79,14 +79,27 @@ def check_columns(
     where: str,
     fix: str = COLUMNS_FIX,
 ) -> None:
-    """Raise if a required column (None entries are skipped) is not among `available`."""
+    """Raise if a required column (None entries are skipped) is not among `available`.
+
+    A dotted name (`reward_model.ground_truth`, verl's layout) is a field of a struct column:
+    its column must be there (the field is read row by row, `cell`)."""
     available = list(available)
     for column in required:
-        if column is not None and column not in available:
+        if column is not None and column not in available and column.split(".")[0] not in available:
             raise DataError(
                 f"{where}: column {column!r} not in {dataset} "
                 f"(columns: {', '.join(available)}); {fix}"
             )
+
+
+def cell(row: Mapping, column: str) -> Any:
+    """The row's value of `column`, or of a struct column's field (`a.b`: row["a"]["b"])."""
+    if column in row:
+        return row[column]
+    value: Any = row
+    for part in column.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
 
 
 def _messages(value: Any, system_prompt: str | None) -> list[dict] | None:
@@ -136,12 +149,13 @@ def to_conversation(
             )
         if answer_column is None:
             return {"prompt": prompt}
-        if row[answer_column] is None:
+        answer = cell(row, answer_column)
+        if answer is None:
             raise DataError(
                 f"{where}: row {index} of {name} has no {answer_column!r}; "
                 "filter such rows out or set dataset_answer_column: null"
             )
-        return {"prompt": prompt, ANSWER_COLUMN_OUT: str(row[answer_column])}
+        return {"prompt": prompt, ANSWER_COLUMN_OUT: str(answer)}
 
     # Explicit output types: `datasets` would otherwise cast a replaced column back to its old
     # type (e.g. the str answers of an int `solution` column back to int).

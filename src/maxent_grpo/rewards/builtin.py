@@ -71,6 +71,37 @@ def answer_match(
     return out
 
 
+# The GSM8K convention: the answer follows "#### " at the end of the solution.
+_HASH_ANSWER_RE = re.compile(r"#### (-?[0-9.,]+)")
+_HASH_TAIL = 300  # characters of the completion's end searched, as verl's gsm8k score
+
+
+def gsm8k_answer(
+    completions: Sequence[Any], solution: Any = None, **kwargs: Any
+) -> list[float | None]:
+    """1.0 when the last ``#### <number>`` of the completion's end equals the reference.
+
+    GSM8K's own answer format, scored as verl's ``openai/gsm8k`` rule (strict): the number
+    after the last ``#### `` in the completion's last 300 characters, commas and ``$`` removed,
+    compared as a string with the reference (``str()``, stripped); 0.0 without one; None when
+    the reference is None.
+
+    Example: with solution ``"72"``, ``"48 + 24 = 72\n#### 72"`` and ``"#### 7,2"`` score 1.0,
+    ``"The answer is 72"`` and ``"#### 72.0"`` score 0.0.
+    """
+    texts = contents(completions)
+    refs = references("gsm8k_answer", solution, len(texts))
+    out: list[float | None] = []
+    for text, ref in zip(texts, refs, strict=True):
+        if ref is None:
+            out.append(None)
+            continue
+        found = _HASH_ANSWER_RE.findall(text[-_HASH_TAIL:])
+        answer = found[-1].replace(",", "").replace("$", "") if found else None
+        out.append(1.0 if answer is not None and answer == str(ref).strip() else 0.0)
+    return out
+
+
 def format(completions: Sequence[Any], **kwargs: Any) -> list[float | None]:  # noqa: A001
     """Strict ``<think>``/``<answer>`` layout, as open-r1's ``format_reward``.
 

@@ -122,6 +122,7 @@ def _sandbox(settings: Mapping[str, Any]) -> tuple[Limits, int]:
 _REGISTRY: dict[str, Callable[[Mapping[str, Any]], RewardFunc]] = {
     "accuracy": lambda s: _builtin().accuracy,
     "answer_match": lambda s: _builtin().answer_match,
+    "gsm8k_answer": lambda s: _builtin().gsm8k_answer,
     "format": lambda s: _builtin().format,
     "tag_count": lambda s: _builtin().tag_count,
     "length": lambda s: _builtin().length,
