@@ -28,7 +28,9 @@ is a sandboxed Python process, at most parallel_code_exec_per_proc (2) at a time
 figure is completions per second too (three sandbox runs per completion with a code block for
 code/binary_code, one for python_unit_tests). The sandbox's own cost is timed apart: an empty
 program run through the sandbox (bubblewrap, code_sandbox: bwrap) against a bare start of the
-same interpreter, alternating, --sandbox-runs times each. Writes bench/results/rewards.json.
+same interpreter, alternating, --sandbox-runs times each; and the trainer's own CPU per run
+(--cpu-runs) for an honest program and one writing stdout a byte at a time. Writes
+bench/results/rewards.json.
 """
 
 from __future__ import annotations
@@ -222,6 +224,39 @@ def bench_sandbox_cost(runs: int) -> tuple[dict, list]:
     return {"ms": times, "median_ms": med}, [fig]
 
 
+#: A program writing stdout a byte at a time, pausing so that a reader can wake for each byte.
+BYTE_AT_A_TIME = (
+    "import os, time\nend = time.monotonic() + 1.8\nwhile time.monotonic() < end:\n"
+    "    os.write(1, b'x')\n    time.sleep(0.0005)\n"
+)
+
+
+def bench_trainer_cpu(runs: int) -> tuple[dict, list]:
+    """The trainer's own CPU per sandboxed run (its reader, the start and the end; not the
+    program's): an honest program against one writing a byte at a time for 1.8 s."""
+    from maxent_grpo.rewards.sandbox import Limits, run_python
+
+    programs = {"honest": "a, b = 2, 3\nprint(a + b)", "byte_at_a_time": BYTE_AT_A_TIME}
+    cpu: dict[str, list[float]] = {name: [] for name in programs}
+    for _ in range(runs):
+        for name, source in programs.items():
+            start = time.process_time()
+            run_python(source, "", Limits(wall_seconds=3))
+            cpu[name].append(1e3 * (time.process_time() - start))
+    med = {name: statistics.median(values) for name, values in cpu.items()}
+    figs = [
+        figure(
+            f"code sandbox: trainer CPU per run, {name.replace('_', ' ')} program",
+            med[name],
+            "ms",
+            note="time.process_time of the trainer around run_python (median)",
+        )
+        for name in programs
+    ]
+    print_figures(figs)
+    return {"cpu_ms": cpu, "median_ms": med}, figs
+
+
 def _text_figures(args, counts) -> tuple[dict, list, list]:
     from maxent_grpo.rewards import list_reward_names
 
@@ -258,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         "--sandbox-runs", type=int, default=20, help="empty programs timed, bare and sandboxed"
     )
     parser.add_argument(
+        "--cpu-runs", type=int, default=5, help="runs timed for the trainer's CPU per run"
+    )
+    parser.add_argument(
         "--code-only", action="store_true", help="only the code rewards and the sandbox's cost"
     )
     args = parser.parse_args(argv)
@@ -267,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     results, figures, figs = ({}, [], []) if args.code_only else _text_figures(args, counts)
     code_results, code_figures = bench_code_rewards(args)
     sandbox_cost, sandbox_figures = bench_sandbox_cost(args.sandbox_runs)
+    trainer_cpu, cpu_figures = bench_trainer_cpu(args.cpu_runs)
     settings = {
         "completions": args.completions,
         "code_completions": args.code_completions,
@@ -277,10 +316,11 @@ def main(argv: list[str] | None = None) -> int:
         "overlong_buffer": 256,
     }
     measurement.finish(
-        figures + figs + code_figures + sandbox_figures,
+        figures + figs + code_figures + sandbox_figures + cpu_figures,
         settings,
         rewards={**results, **code_results},
         sandbox_cost=sandbox_cost,
+        trainer_cpu=trainer_cpu,
         mix=counts,
     )
     return 0

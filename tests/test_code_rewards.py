@@ -347,4 +347,32 @@ def test_the_lifetime_mechanism_is_said_in_one_line(caplog):
     with caplog.at_level("INFO", logger="maxent_grpo.rewards"):
         assert sandbox.isolation_problem() is None
     (line,) = [r.getMessage() for r in caplog.records if "code sandbox: bwrap" in r.getMessage()]
-    assert "pid 1 of its own PID namespace" in line and "no cgroup is made" in line
+    assert "pid 1 of its own PID namespace" in line and "cgroup" in line
+    if not sandbox.cgroup.parents()[0]:  # and, where no leaf can be made, a warning saying so
+        assert sandbox.cgroup.note() in [r.getMessage() for r in caplog.records]
+
+
+def test_check_counts_the_tests_that_cannot_be_judged_outside():
+    """A dataset's rows whose expected side needs the sandbox's objects (a comprehension, a
+    helper of the tests, an attribute of self, a loop variable), catch exceptions or do not
+    parse are counted without running anything; literals, math.pi, an imported isclose, a
+    pytest-style local and HumanEval's check(candidate) are judged."""
+    from maxent_grpo.rewards.code import count_unjudged
+
+    judged = [
+        "assert add(2, 3) == 5",
+        "import math\nassert area(1) == math.pi",
+        "from math import isclose\nassert isclose(half(3), 1.5)",
+        "def test_a():\n    expected = [1, 2]\n    assert f() == expected",
+        "def check(candidate):\n    assert candidate(1) == 2\n",
+        "s = Solution()\nassert s.solve([2, 7]) == [0, 1]",
+    ]
+    unjudged = [
+        "assert f(3) == [i * i for i in range(3)]",
+        "def norm(x):\n    return sorted(x)\nassert f([3, 1]) == norm([1, 3])",
+        "for x in range(3):\n    assert f(x) == x * 2",
+        "assert f(",
+    ]
+    entries = [None] * 4 + ["inc", None] + [None] * 4
+    assert count_unjudged(judged + unjudged, entries) == len(unjudged)
+    assert count_unjudged(judged, entries[:6]) == 0

@@ -22,7 +22,7 @@ import tracemalloc
 
 import pytest
 
-from maxent_grpo.rewards import get_reward_funcs, unit_tests
+from maxent_grpo.rewards import cgroup, get_reward_funcs, sandbox, unit_tests
 from maxent_grpo.rewards.sandbox import Limits, run_python
 from test_code_rewards_redteam import _named, _shmem_kib, fenced
 
@@ -328,3 +328,126 @@ def test_a_byte_at_a_time_writer_costs_the_trainer_little_cpu():
     spent = time.process_time() - start
     assert result.ok and len(result.stdout) > 100, result.stderr
     assert spent < 0.025, f"{spent:.3f} CPU-s of the trainer for one run"
+
+
+# ---- forged unit-test verdicts --------------------------------------------------------------
+
+FRAME_EDIT = (
+    "import ctypes, sys\n"
+    "def add(a, b):\n"
+    "    caller = sys._getframe(1)\n"
+    "    caller.f_locals['expected'] = -1\n"
+    "    ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(caller), ctypes.c_int(0))\n"
+    "    return -1\n"
+)
+# (tests, a wrong program aimed at them, the right program, scores: right, wrong; unjudged)
+FORGED_VERDICTS = [
+    (  # an imported function the program rebinds: read as math.isclose, judged here
+        "from math import isclose\nassert isclose(half(3), 1.5)",
+        "import math\nmath.isclose = lambda *a, **k: True\ndef half(x):\n    return 0",
+        "def half(x):\n    return x / 2",
+        (1.0, 0.0), False,
+    ),
+    (  # a module constant the program rebinds: math.pi is the trainer's
+        "import math\nassert area(1) == math.pi",
+        "import math\nmath.pi = 3\ndef area(r):\n    return 3",
+        "import math\ndef area(r):\n    return math.pi * r * r",
+        (1.0, 0.0), False,
+    ),
+    (  # an expected comprehension, range shadowed: not judged
+        "assert squares(3) == [i * i for i in range(3)]",
+        "import builtins\nbuiltins.range = lambda n: []\ndef squares(n):\n    return []",
+        "def squares(n):\n    return [i * i for i in range(n)]",
+        (0.0, 0.0), True,
+    ),
+    (  # a helper of the tests, sorted shadowed: not judged
+        "def norm(x):\n    return sorted(x)\nassert order([3, 1]) == norm([1, 3])",
+        "import builtins\nbuiltins.sorted = lambda x: 0\ndef order(x):\n    return 0",
+        "def order(x):\n    return sorted(x)",
+        (0.0, 0.0), True,
+    ),
+    (  # a TestCase attribute, TestCase replaced: not judged
+        "import unittest\nclass T(unittest.TestCase):\n    def setUp(self):\n"
+        "        self.want = 5\n    def test_add(self):\n"
+        "        self.assertEqual(add(2, 3), self.want)\n",
+        "import unittest\nclass Case:\n    def __init__(self, *a):\n        pass\n"
+        "    def __setattr__(self, name, value):\n        object.__setattr__(self, name, -1)\n"
+        "    setUpClass = classmethod(lambda cls: None)\n    tearDown = lambda self: None\n"
+        "unittest.TestCase = Case\n" + "def add(a, b):\n    return -1",
+        "def add(a, b):\n    return a + b",
+        (0.0, 0.0), True,
+    ),
+    (  # an expected name bound twice, rebound through global: not judged
+        "expected = 5\ndef setup():\n    global expected\n    expected = add(2, 3)\n"
+        "setup()\nassert add(2, 3) == expected",
+        "def add(a, b):\n    return -1",
+        "def add(a, b):\n    return a + b",
+        (0.0, 0.0), True,
+    ),
+    (  # a pytest-style local rewritten through the caller's frame: bound once, judged here
+        "def test_add():\n    expected = 5\n    assert add(2, 3) == expected",
+        FRAME_EDIT,
+        "def add(a, b):\n    return a + b",
+        (1.0, 0.0), False,
+    ),
+]  # fmt: skip
+
+
+def test_expected_sides_the_program_can_reach_are_judged_here_or_not_at_all():
+    """Attack: seven tests whose expected side was evaluated in the sandbox, with the program's
+    objects (a wrong program scored 1.0 through each): math.isclose imported and rebound,
+    math.pi rebound, a comprehension with range shadowed, a test helper with sorted shadowed,
+    a TestCase attribute with TestCase replaced, a name bound twice and rebound through
+    global, a pytest-style local rewritten through the caller's frame. Verdict: the wrong
+    program 0.0 in each; the expected side is evaluated in the trainer where it is literals,
+    built-ins, known module functions and constants or a name bound once to those (the right
+    program 1.0), and the test is unjudged otherwise (0.0 without running, counted)."""
+    (unit,) = get_reward_funcs(["python_unit_tests"], code_timeout_seconds=3)
+    completions, solutions = [], []
+    for tests, wrong, right, _, _ in FORGED_VERDICTS:
+        completions += [fenced(right), fenced(wrong)]
+        solutions += [tests, tests]
+    logged: dict = {}
+    scores = unit(completions, solution=solutions, log_metric=lambda k, v: logged.update({k: v}))
+    expected = [score for *_, pair, _ in FORGED_VERDICTS for score in pair]
+    assert scores == expected, list(zip(scores, expected, strict=True))
+    unjudged = 2 * sum(flag for *_, flag in FORGED_VERDICTS)
+    assert logged == {"rewards/python_unit_tests/unjudged": float(unjudged)}
+
+
+# ---- a cgroup per run ------------------------------------------------------------------------
+
+FILL_BOX = (
+    "n = 0\ntry:\n    while True:\n        with open(f'f{n}', 'wb') as f:\n"
+    "            f.write(b'x' * (8 << 20))\n        n += 1\n        print(n * 8, flush=True)\n"
+    "except OSError as err:\n    print('error', err.errno, flush=True)\n"
+)
+
+
+def test_memory_outside_the_rlimits_is_bounded_by_the_runs_cgroup(caplog):
+    """Attack: park pipes in flight, then fill /box (a tmpfs: pages like a memory file's, which
+    RLIMIT_AS does not count) with a 64 MiB memory limit and a 256 MiB disk: 256 MiB held
+    before. Verdict, where a cgroup can be made (root here: v1; a delegated v2): the run is
+    killed by its leaf's memory limit before it holds 64 MiB, and the leaf is gone after the
+    call. Where none can be made (an ordinary user here), the sandbox's first check logs one
+    line saying so and what is then unbounded, and the files pass the memory limit (only the
+    disk cap holds them)."""
+    caplog.set_level("INFO", logger="maxent_grpo.rewards")
+    sandbox.isolation_problem.cache_clear()
+    assert sandbox.isolation_problem() is None
+    bases, line = cgroup.parents()
+    limits = Limits(wall_seconds=5, memory_mb=64, disk_mb=256)
+    result, _, _ = _watched(PARK_PIPES.replace("print(", "(lambda *a, **k: 0)(") + FILL_BOX, limits)
+    written = [int(n) for n in result.stdout.split() if n.isdigit()]
+    leftovers = [
+        n for b in bases for n in os.listdir(b) if n.startswith(f"maxent-run-{os.getpid()}")
+    ]
+    assert leftovers == [], leftovers
+    if bases:
+        assert result.returncode == -9 or result.returncode == 137, result
+        assert max(written, default=0) < 64 and cgroup.note() is None
+        assert any(line in r.getMessage() for r in caplog.records)
+    else:
+        assert max(written) > 64, result.stdout[-200:]  # past memory_mb: only disk_mb holds
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert cgroup.note() in warned and "no cgroup per run" in cgroup.note()

@@ -5,7 +5,8 @@ Lifetime (:data:`LIFETIME`): the program is pid 1 of its own PID namespace (``--
 bubblewrap init there that it could take over through ``/proc/1/mem``); it cannot clear its
 parent-death signal nor become undumpable (seccomp); and after every run the trainer kills it
 through a pidfd opened when it started (bwrap's ``--info-fd`` names it), which ends every
-process of the namespace, then waits for it. No cgroup is made (see :func:`cgroup_note`).
+process of the namespace, then waits for it. Each run is also a cgroup leaf of its own where
+one can be made (:mod:`maxent_grpo.rewards.cgroup`).
 
 Memory: ``RLIMIT_AS``; no memory files, SysV/POSIX shared memory or message queues, pipes
 past 64 KiB (seccomp); ``/dev`` read-only (no ``/dev/shm``); at most ``Limits.open_files``
@@ -349,16 +350,3 @@ def limit(limits) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
     resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def cgroup_note() -> str:
-    """Why no cgroup bounds the runs (part of the one line ``require`` logs)."""
-    try:
-        mounts = Path("/proc/self/mounts").read_text().split("\n")
-    except OSError:
-        mounts = []
-    kind = next((m.split()[2] for m in mounts if m.split()[1:2] == ["/sys/fs/cgroup"]), "none")
-    return (
-        f"no cgroup is made (/sys/fs/cgroup here: {kind}; a cgroup v2 leaf would also count "
-        "kernel memory: not implemented)"
-    )

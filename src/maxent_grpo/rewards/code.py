@@ -201,6 +201,19 @@ def _unit_test_source(tests: Any) -> str:
     return text
 
 
+def count_unjudged(tests: Sequence[Any], entry_points: Sequence[Any] | None = None) -> int:
+    """How many rows' tests ``python_unit_tests`` cannot judge in the trainer (they score 0.0
+    whatever the program): for ``check`` to say of a dataset it can see. Nothing is run."""
+    count = 0
+    for i, row in enumerate(tests):
+        entry = entry_points[i] if entry_points is not None else None
+        try:
+            count += bool(unit_tests.prepare(_unit_test_source(row), entry).unjudged)
+        except SyntaxError:
+            count += 1
+    return count
+
+
 class UnitTests:
     """``python_unit_tests``: 1.0 when the program followed by the row's tests runs clean.
 

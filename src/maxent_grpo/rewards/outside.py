@@ -238,6 +238,7 @@ MODULE_FUNCTIONS = {
     for name in ("isclose", "fabs", "sqrt", "floor", "ceil", "log", "exp", "isqrt", "gcd")
 }
 MODULE_FUNCTIONS[("pytest", "approx")] = Approx
+MODULE_CONSTANTS = {("math", name): getattr(math, name) for name in ("pi", "e", "tau", "inf")}
 METHODS = {
     str: {"startswith", "endswith", "lower", "upper", "strip", "split", "splitlines", "count"}
     | {"find", "index", "isdigit", "isalpha", "replace", "join", "lstrip", "rstrip", "title"},
@@ -304,6 +305,9 @@ def _eval(node: ast.expr, env: dict[str, Any]) -> Any:  # noqa: PLR0911 - one ca
         return evaluate(node.value, env)[_index(node.slice, env)]
     if isinstance(node, ast.Call):
         return _call(node, env)
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        if (node.value.id, node.attr) in MODULE_CONSTANTS:
+            return MODULE_CONSTANTS[(node.value.id, node.attr)]
     raise Unjudgeable(f"{type(node).__name__} is not evaluated outside")
 
 

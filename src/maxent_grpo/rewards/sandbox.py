@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from maxent_grpo.rewards import bwrap
+from maxent_grpo.rewards import bwrap, cgroup
 from maxent_grpo.rewards.bwrap import interpreter
 from maxent_grpo.rewards.common import RewardError
 from maxent_grpo.rewards.weak_sandbox import weak_argv
@@ -128,7 +128,9 @@ def isolation_problem() -> str | None:
             return f"the trainer is root and {err}"
     result = run_python("print(6 * 7)", "", Limits(wall_seconds=20))
     if result.stdout.strip() == "42":
-        logger.info("code sandbox: bwrap; %s; %s", bwrap.LIFETIME, bwrap.cgroup_note())
+        logger.info("code sandbox: bwrap; %s; %s", bwrap.LIFETIME, cgroup.parents()[1])
+        if cgroup.note():
+            logger.warning(cgroup.note())
         return None
     why = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.status
     return f"bwrap cannot start a sandbox here (user namespaces disabled?): {why[:200]}"
@@ -155,12 +157,14 @@ def require(isolation: str) -> None:
         )
 
 
-def _limit_child(limits: Limits, box: tuple | None = None) -> None:
+def _limit_child(limits: Limits, box: tuple | None = None, leaves: tuple = ()) -> None:
     """preexec_fn: runs in the child between fork and exec (no locks, no logging here).
 
-    With ``box`` (bwrap runs: mount options, the trainer's ids, the root view), the child first
-    mounts /box's tmpfs in a mount namespace of its own (``bwrap.child_setup``).
+    The child first enters the run's cgroup leaves, if any; with ``box`` (bwrap runs: mount
+    options, the trainer's ids, the root view), it then mounts /box's tmpfs in a mount
+    namespace of its own (``bwrap.child_setup``).
     """
+    cgroup.attach(list(leaves))
     if box is not None:
         bwrap.child_setup(*box)
     bwrap.limit(limits)
@@ -188,6 +192,7 @@ def _collect(pipes: dict[str, int], caps: dict[str, int], deadline: float, ended
         while selector.get_map():
             left = deadline - time.monotonic()
             if left <= 0:
+                _drain(selector, data, caps)  # what came during the last wait
                 return data, "timeout"
             got = 0
             for key, _ in selector.select(left):
@@ -207,7 +212,16 @@ def _collect(pipes: dict[str, int], caps: dict[str, int], deadline: float, ended
     return data, None
 
 
-def _start(argv, stdin: bytes, limits: Limits, cwd, pass_fds, names, setup):
+def _drain(selector, data: dict[str, bytearray], caps: dict[str, int]) -> None:
+    """One more read of each pipe still open, without waiting (at most its cap)."""
+    for key in list(selector.get_map().values()):
+        try:
+            data[key.data] += os.read(key.fd, caps[key.data] + 1 - len(data[key.data]))
+        except (BlockingIOError, ValueError):
+            continue
+
+
+def _start(argv, stdin: bytes, limits: Limits, cwd, pass_fds, names, setup, leaves=()):
     """Popen argv with its pipes: ``{channel}`` and ``{info}`` arguments become the write ends
     of those pipes. Returns (process, read ends, start time)."""
     pipes = {name: os.pipe() for name in names}
@@ -225,7 +239,7 @@ def _start(argv, stdin: bytes, limits: Limits, cwd, pass_fds, names, setup):
             close_fds=True,
             pass_fds=(*pass_fds, *extra.values()),
             start_new_session=True,  # its own process group, killed as one below
-            preexec_fn=functools.partial(_limit_child, limits, setup),  # noqa: PLW1509
+            preexec_fn=functools.partial(_limit_child, limits, setup, leaves),  # noqa: PLW1509
         )
     except BaseException:
         for read_end, _ in pipes.values():
@@ -266,7 +280,15 @@ def run_command(
     """
     names = ["stdout", "stderr", *(["channel"] if channel else []), *(["info"] if box else [])]
     setup = _box_setup(limits) if box else None
-    process, reads, start = _start(argv, stdin, limits, cwd, pass_fds, names, setup)
+    try:
+        leaves = tuple(cgroup.make(limits.memory_mb)) if box else ()
+    except OSError as err:  # the run does not start without the limits its machine can set
+        return RunResult("error", None, "", f"sandbox: cannot make the run's cgroup ({err})", 0.0)
+    try:
+        process, reads, start = _start(argv, stdin, limits, cwd, pass_fds, names, setup, leaves)
+    except BaseException:
+        cgroup.remove(list(leaves))
+        raise
     deadline, pidfd = start + limits.wall_seconds, None
     try:
         if box:  # bwrap names the program's pid first, before it runs
@@ -291,6 +313,8 @@ def run_command(
         process.wait()
         for read_end in reads.values():
             os.close(read_end)
+        if not cgroup.remove(list(leaves)):
+            logger.warning("code sandbox: a run's cgroup stayed populated: %s", leaves)
     return _result(data, stopped, returncode, limits, time.monotonic() - start)
 
 

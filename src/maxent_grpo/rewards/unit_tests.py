@@ -20,6 +20,7 @@ check at all) are marked ``Prepared.unjudged``: they score 0.0 and are counted.
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import json
 import re
@@ -45,6 +46,7 @@ _COMPARING = {
 _TRUTH = {"assertTrue": False, "assertFalse": True, "assertIsNone": None, "assertIsNotNone": None}
 _OUTSIDE_TYPES = (ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Subscript)
 _OUTSIDE_TYPES += (ast.Tuple, ast.List, ast.Set, ast.Dict, ast.Slice)
+_BUILTINS = frozenset(dir(builtins))
 
 
 def _hole(index: int) -> str:
@@ -52,14 +54,20 @@ def _hole(index: int) -> str:
 
 
 class _Holes:
-    """Splits a check's expression into what is evaluated here and its holes (the parts that
-    need the program, evaluated in the sandbox and reported as plain data)."""
+    """Splits a check's expression into what is evaluated here and its holes.
 
-    def __init__(self, names: set[str]):
-        self.names, self.holes = names, []
+    A hole is a call of the program's own names (``program``: names the tests use but neither
+    bind nor take from the built-ins, and names the tests bind once to such a call), or a part
+    of its result (``f(x)[0]``, ``Solution().solve(x)``): evaluated in the sandbox and reported
+    as plain data. Anything else that is not evaluated here (an imported name, a module
+    constant the trainer does not know, a comprehension, a helper of the tests, an attribute of
+    ``self``, a name the tests rebind) is ``refused``: the check is not judged."""
+
+    def __init__(self, names: set[str], program: frozenset[str] = frozenset()):
+        self.names, self.program, self.holes, self.refused = names, program, [], None
 
     def split(self, node: ast.expr) -> ast.expr:
-        if isinstance(node, ast.Constant):
+        if isinstance(node, ast.Constant) or _module_constant(node):
             return node
         if isinstance(node, ast.Name) and node.id in self.names:
             return node
@@ -80,8 +88,26 @@ class _Holes:
                 elif isinstance(value, list) and value and isinstance(value[0], ast.expr):
                     setattr(node, name, [self.split(item) for item in value])
             return node
-        self.holes.append(node)
-        return ast.Name(id=_hole(len(self.holes) - 1), ctx=ast.Load())
+        if self.programs(node):
+            self.holes.append(node)
+            return ast.Name(id=_hole(len(self.holes) - 1), ctx=ast.Load())
+        self.refused = self.refused or ast.unparse(node)[:80]
+        return node
+
+    def programs(self, node: ast.expr) -> bool:
+        """A call of the program's names, or a part of one's result."""
+        if isinstance(node, ast.Call):
+            return self._rooted(node.func)
+        if isinstance(node, (ast.Attribute, ast.Subscript)):
+            return self.programs(node.value)
+        return False
+
+    def _rooted(self, func: ast.expr) -> bool:
+        if isinstance(func, ast.Name):
+            return func.id in self.program
+        if isinstance(func, ast.Attribute):
+            return self._rooted(func.value) or self.programs(func.value)
+        return isinstance(func, ast.Call) and self.programs(func)
 
     def _outside_call(self, node: ast.Call) -> bool:
         if any(isinstance(arg, ast.Starred) for arg in node.args):
@@ -94,6 +120,15 @@ class _Holes:
         if not isinstance(func, ast.Attribute):
             return False
         return _module_function(func) or any(func.attr in m for m in outside.METHODS.values())
+
+
+def _module_constant(node: ast.expr) -> bool:
+    """math.pi, math.inf, ...: a constant of outside.MODULE_CONSTANTS."""
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and (node.value.id, node.attr) in outside.MODULE_CONSTANTS
+    )
 
 
 def _module_function(func: ast.Attribute) -> bool:
@@ -153,12 +188,17 @@ def _is_self_assert(node: ast.AST) -> bool:
 class _Checks(ast.NodeTransformer):
     """Every check becomes ``__maxent_check__(site, hole, ...)``; the site stays here."""
 
-    def __init__(self, names: set[str]):
-        self.names, self.sites, self.unjudged = names, [], None
+    def __init__(self, names: set[str], program: frozenset[str]):
+        self.names, self.program, self.sites, self.unjudged = names, program, [], None
 
     def _site(self, node: ast.stmt, expression: ast.expr) -> ast.stmt:
-        holes = _Holes(self.names)
+        holes = _Holes(self.names, self.program)
         kept = ast.fix_missing_locations(holes.split(expression))
+        if holes.refused and not self.unjudged:
+            self.unjudged = (
+                f"`{holes.refused}` in a check needs the sandbox's objects (judged here: "
+                "literals, built-ins, calls of the program's names)"
+            )
         self.sites.append(Site(kept, len(holes.holes)))
         args = [ast.Constant(value=len(self.sites) - 1), *holes.holes]
         call = ast.Call(
@@ -226,11 +266,11 @@ def _bindings(module: ast.Module) -> dict[str, int]:
     return counts
 
 
-def _constants(module: ast.Module) -> dict[str, Any]:
-    """Top-level ``name = <expression of literals and built-ins>`` bound once: their values."""
+def _constants(module: ast.Module, bound: dict[str, int]) -> dict[str, Any]:
+    """``name = <expression of literals and built-ins>``, the name bound once in all the tests
+    (at the top or inside a test function): their values, evaluated here."""
     env: dict[str, Any] = {}
-    bound = _bindings(module)
-    for statement in module.body:
+    for statement in ast.walk(module):
         if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
             continue
         target = statement.targets[0]
@@ -238,12 +278,53 @@ def _constants(module: ast.Module) -> dict[str, Any]:
             continue
         holes = _Holes(set(env))
         expression = holes.split(copy.deepcopy(statement.value))
-        if not holes.holes:
+        if not holes.holes and not holes.refused:
             try:
                 env[target.id] = outside.evaluate(expression, env)
             except (outside.Unjudgeable, ValueError, TypeError, ArithmeticError):
                 continue
     return env
+
+
+def _program_names(module: ast.Module, bound: dict[str, int]) -> frozenset[str]:
+    """The names a hole may call: used by the tests, bound neither by them nor as built-ins
+    (the program's functions and classes), and the tests' top-level names bound once to a
+    call of those (``s = Solution()``)."""
+    used = {n.id for n in ast.walk(module) if isinstance(n, ast.Name)}
+    program = {name for name in used if name not in bound and name not in _BUILTINS}
+    for statement in module.body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target = statement.targets[0]
+            if isinstance(target, ast.Name) and bound.get(target.id) == 1:
+                if _Holes(set(), frozenset(program)).programs(statement.value):
+                    program.add(target.id)
+    return frozenset(program)
+
+
+class _Aliases(ast.NodeTransformer):
+    """``from math import isclose`` and HumanEval's ``check(candidate)``: the name is read as
+    what it stands for (``math.isclose``, the entry point), so that it is judged as that."""
+
+    def __init__(self, module: ast.Module, entry_point: Any):
+        self.names: dict[str, ast.expr] = {}
+        bound = _bindings(module)
+        for node in module.body:
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    name = alias.asname or alias.name
+                    known = {*outside.MODULE_FUNCTIONS, *outside.MODULE_CONSTANTS}
+                    if (node.module, alias.name) in known and bound.get(name) == 1:
+                        value = ast.Name(id=node.module, ctx=ast.Load())
+                        self.names[name] = ast.Attribute(value, alias.name, ast.Load())
+            if isinstance(node, ast.FunctionDef) and node.name == "check" and entry_point:
+                if len(node.args.args) == 1 and bound.get(node.args.args[0].arg) == 1:
+                    entry = ast.Name(id=str(entry_point), ctx=ast.Load())
+                    self.names[node.args.args[0].arg] = entry
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        if isinstance(node.ctx, ast.Load) and node.id in self.names:
+            return ast.copy_location(copy.deepcopy(self.names[node.id]), node)
+        return node
 
 
 def _is_main(statement: ast.stmt) -> bool:
@@ -289,9 +370,11 @@ def prepare(tests: str, entry_point: Any) -> Prepared:
         tests += f"\ncheck({entry_point})\n"
     module = ast.parse(tests)
     module.body = [statement for statement in module.body if not _is_main(statement)]
-    env = _constants(module)
+    module = ast.fix_missing_locations(_Aliases(module, entry_point).visit(module))
+    bound = _bindings(module)
+    env = _constants(module, bound)
     drivers, unjudged = _drivers(module)
-    checks = _Checks(set(env))
+    checks = _Checks(set(env), _program_names(module, bound))
     module = ast.fix_missing_locations(checks.visit(module))
     loads = [
         {node.id for node in ast.walk(statement) if isinstance(node, ast.Name)}
