@@ -51,13 +51,16 @@ def trial_from_seed(seed: int) -> Trial:
     rng = random.Random(seed)
     moment, fault = rng.choice(MOMENTS), rng.choice(FAULTS)
     target = fault.partition("_")[2]
-    server = moment in SERVER_MOMENTS or target == "server" or rng.random() < 0.15
+    # Half the server starts are the reward-model server's (no vLLM: cheap on a loaded CPU).
+    rm_start = moment == "server_start" and target != "server" and rng.random() < 0.5
+    server = moment in SERVER_MOMENTS and not rm_start
+    server = server or target == "server" or rng.random() < 0.15
     kind = Kind(
         method=rng.choice(("grpo", "maxent")),
         procs=rng.choice((1, 2)),
         server=server,
         async_=server and rng.random() < 0.5,
-        reward_server=target == "reward_server",
+        reward_server=target == "reward_server" or rm_start,
         cluster="3node" if fault == "network_cut" else "none",
     )
     step = None
@@ -131,6 +134,7 @@ def summary(rows: list[dict]) -> dict:
         "moments": dict(Counter(r["moment"] for r in rows if r["applied"])),
         "faults": dict(Counter(r["fault"] for r in rows if r["applied"])),
         "failed_seeds": [r["seed"] for r in failed],
+        "found_and_fixed": {r["seed"]: r["fixed"] for r in rows if r.get("fixed")},
         "wall_s": round(sum(r["wall_s"] for r in rows), 1),
     }
 
@@ -197,7 +201,12 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="trials' folders (kept)")
     parser.add_argument("--list", action="store_true", help="print the drawn trials only")
     parser.add_argument("--jobs", type=int, default=1, help="trials run at once")
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", help="campaigns run in pieces: their rows.jsonl files"
+    )
     args = parser.parse_args(argv)
+    if args.merge:
+        return report(merged(args.merge), args, load_before=None, started=None)
     if args.replay:
         trials = [trial_from_seed(s) for s in args.replay]
     else:
@@ -213,6 +222,26 @@ def main(argv=None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     load_before, started = loadavg(), time.monotonic()
     rows = campaign(trials, root, keep=args.workdir is not None, jobs=args.jobs)
+    if args.workdir is None:
+        shutil.rmtree(root, ignore_errors=True)
+    return report(rows, args, load_before, started)
+
+
+def merged(paths: list[Path]) -> list[dict]:
+    """The rows of several pieces, the last row of a seed winning (a replay after a fix)."""
+    rows: dict[int, dict] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                earlier = rows.get(row["seed"], {})
+                if earlier.get("problems") and not row["problems"]:
+                    row["fixed"] = earlier["problems"]  # what it found before the fix
+                rows[row["seed"]] = row
+    return list(rows.values())
+
+
+def report(rows: list[dict], args, load_before, started) -> int:
     total = summary(rows)
     print(table(rows))
     print(json.dumps(total, indent=1))
@@ -224,10 +253,8 @@ def main(argv=None) -> int:
     ]
     payload = {"figures": figures, "summary": total, "rows": rows, "seed": args.seed}
     payload.update(load_average={"before": load_before, "after": loadavg()}, machine=machine())
-    payload["wall_s"] = round(time.monotonic() - started, 1)
+    payload["wall_s"] = round(time.monotonic() - started, 1) if started else None
     write_result("chaos", payload, args.output)
-    if args.workdir is None:
-        shutil.rmtree(root, ignore_errors=True)
     return 1 if total["failed_seeds"] else 0
 
 

@@ -17,9 +17,9 @@ from scratch instead of resuming from the last complete checkpoint; the GPU kit'
 The moments of a run's life, for the chaos campaign: generation and scoring (the step's
 rollouts, before they are generated and before they are scored), weight_push (before the
 trainer's weights go to the vLLM server), optimizer_step (gradients done, before the update),
-server_start (the launcher, the vLLM server just started, not yet healthy), evaluation (before
-a checkpoint's benchmarks run), teardown (the launcher, training over, before it stops what is
-left). Each takes the step it is in where there is one.
+server_start (the launcher, the vLLM or reward-model server just started, not yet healthy),
+evaluation (before a checkpoint's benchmarks run), teardown (the launcher, training over,
+before it stops what is left). Each takes the step it is in where there is one.
 """
 
 from __future__ import annotations

@@ -20,8 +20,10 @@ pytestmark = [
         reason="real chaos trials: make test-chaos (MAXENT_GRPO_CHAOS_TESTS=1; root)",
     ),
 ]
-# Seed 54, 3 trials, no server: drawn to hit a kill, a graceful stop and a full disk.
-ARGS = ["--seed", "54", "--trials", "3", "--no-servers"]
+# Seed 54, 3 trials, no server, from the cheap moments and faults: a stopped launcher at
+# generation, a full disk at scoring, a rank killed mid-checkpoint (bench/chaos.py --list).
+ONLY = "generation,checkpoint_write,scoring,sigkill_trainer,sigterm_launcher,disk_full"
+ARGS = ["--seed", "54", "--trials", "3", "--no-servers", "--only", ONLY, "--jobs", "2"]
 
 
 def test_the_short_campaign_keeps_every_invariant(tmp_path):
@@ -36,3 +38,4 @@ def test_the_short_campaign_keeps_every_invariant(tmp_path):
     assert summary["trials"] == 3 and summary["survived"] == 3, summary
     assert (summary["steps_lost"], summary["orphans"], summary["corrupted"]) == (0, 0, 0)
     assert all(r["reached"] and r["applied"] and r["recovered"] for r in report["rows"])
+    assert {r["fault"] for r in report["rows"]} == set(ONLY.split(",")[3:])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +127,8 @@ class TrialFacts:
     # a full disk: the launcher's and the trainers' output, the filesystem's path
     disk_path: str | None = None
     disk_output: str = ""
+    # the class the faulted attempt's launcher printed (when a full disk kept it from the log)
+    printed_outcome: str | None = None
     completed: bool = True
 
 
@@ -209,6 +212,8 @@ def check_outputs(facts: TrialFacts) -> list[str]:
 def check_outcome(facts: TrialFacts) -> list[str]:
     runs = attempts(facts.out)
     got = outcome_of(runs[facts.faulted]) if facts.faulted < len(runs) else None
+    if got is None and facts.disk_path is not None:
+        got = facts.printed_outcome
     if got not in facts.expected_outcomes:
         return [f"faulted attempt's outcome {got!r}, expected one of {facts.expected_outcomes}"]
     if facts.completed and len(runs) > facts.faulted + 1 and outcome_of(runs[-1]) != "completed":
@@ -227,10 +232,10 @@ def check_disk(facts: TrialFacts) -> list[str]:
     lines = [
         line
         for line in facts.disk_output.splitlines()
-        if facts.disk_path in line and "No space left" in line
+        if line.startswith("crash: ") and facts.disk_path in line and "No space left" in line
     ]
     if not lines:
-        problems.append(f"no line names the full filesystem {facts.disk_path}")
+        problems.append(f"no 'crash: ' line names the full filesystem {facts.disk_path}")
     kept = {name.split("/")[0] for name in facts.files_before}
     for name in kept:
         if not (facts.out / name / CHECKPOINT_MARKER).is_file() and facts.resumable[:1] == [
@@ -238,6 +243,23 @@ def check_disk(facts: TrialFacts) -> list[str]:
         ]:
             problems.append(f"{name}, the last good checkpoint, was not kept")
     return problems
+
+
+OUTCOME_LINE = re.compile(r"^(?:(model): |(stopped) \(|(\w+): )")
+
+
+def printed_outcome(launcher_output: str) -> str | None:
+    """The class of the launcher's last outcome line (`crash: ...`, `stopped (...)`,
+    `model: ...` for a completed run)."""
+    found = None
+    for line in launcher_output.splitlines():
+        match = OUTCOME_LINE.match(line)
+        if match and (match.group(3) in CLASSES or match.group(1) or match.group(2)):
+            found = "completed" if match.group(1) else match.group(2) or match.group(3)
+    return found
+
+
+CLASSES = ("crash", "hang", "oom", "user_error", "node_failure", "reward_server_lost")
 
 
 def check_trial(facts: TrialFacts) -> list[str]:

@@ -24,6 +24,7 @@ from helpers.chaos_checks import (
     check_trial,
     complete_files,
     intact_steps,
+    printed_outcome,
     redone_steps,
 )
 from helpers.launched import Launched, tree
@@ -36,7 +37,7 @@ MAX_STEPS = 6
 SAVE_STEPS = 2
 HANG_TIMEOUT = 30  # seconds: a stopped process is found hung after this
 LAUNCHER_HOLD = 8  # seconds a stopped launcher stays stopped before the user continues it
-ATTEMPT_TIMEOUT = 420
+ATTEMPT_TIMEOUT = 900  # seconds; a loaded 2-core machine runs a 6-step attempt in 60-450 s
 MOMENTS = (
     "server_start",
     "generation",
@@ -176,9 +177,10 @@ class Watch:
                 self.pgids.add(group)
 
     def of(self, name: str) -> list[int]:
+        """The live processes of a role, read now: a child's command line is its parent's
+        until it execs, so a role seen at the fork is no answer."""
         self.poll()
-        found = [p for p, r in self.pids.items() if (r or role(p)) == name]
-        return [p for p in found if Path(f"/proc/{p}").exists()]
+        return [p for p in self.pids if Path(f"/proc/{p}").exists() and role(p) == name]
 
 
 def read_hits(path: Path) -> list[tuple[int, str]]:
@@ -437,6 +439,7 @@ def run_trial(trial: Trial, folder: Path, reference: Path | None = None, tamper=
             left_processes=left + recovered["left"],
             disk_path=str(disk.path) if disk is not None else None,
             disk_output=faulted_text,
+            printed_outcome=printed_outcome(run.text),
             completed=run_is_complete(out),
         )
         if facts.completed and reference is not None and trial.kind.deterministic:

@@ -20,12 +20,13 @@ Requeues and array retries are spent only on transient classes.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR
-from maxent_grpo.rundir.checkpoints import run_is_complete
+from maxent_grpo.rundir.checkpoints import list_checkpoints, run_is_complete
 from maxent_grpo.rundir.events import read_sparse
 from maxent_grpo.rundir.heartbeat import read_exit_reports, read_heartbeats
 
@@ -55,6 +56,9 @@ _EXCEPTION = re.compile(
 _OOM_LINE = re.compile(r"OutOfMemoryError|CUDA out of memory|MemoryError")
 # What accelerate and torchrun raise about a failed child: the child's own error is earlier.
 _LAUNCHERS = re.compile(r"ChildFailedError|CalledProcessError|SignalException")
+# torchrun's summary of a failed child: "traceback : Signal 9 (SIGKILL) received by PID 2499".
+_KILLED_RANK = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)")
+_FULL = re.compile(r"No space left on device|Disk quota exceeded|\[Errno (28|122)\]")
 
 
 @dataclass(frozen=True)
@@ -243,6 +247,10 @@ def classify(output_dir, watched, stop, previous: Mapping | None, train_log) -> 
     tail = log_tail(train_log)
     node_failure = _node_failure_line(tail)  # srun or Slurm: a node of the job failed
     if stop is not None:
+        if stop[1] is None and (killed := _rank_killed(tail)) is not None:
+            # The trainers' record of a SIGTERM that torchrun sent the other ranks after one
+            # was killed (found by bench/chaos.py: a node's ranks SIGKILLed read 'stopped').
+            return crash_outcome(killed, previous)
         found = stop_outcome(*stop)
         if node_failure is not None:  # the stop was Slurm ending the job because of it
             return Outcome("node_failure", node_failure, found.code, found.requeued_by_slurm)
@@ -250,7 +258,30 @@ def classify(output_dir, watched, stop, previous: Mapping | None, train_log) -> 
     if node_failure is not None:  # the ranks' errors follow from it
         return Outcome("node_failure", node_failure, EXIT_FAILED)
     reports, beats = read_exit_reports(output_dir), read_heartbeats(output_dir)
-    found = from_exit_reports(reports, previous, beats, tail)
-    if found is not None:
+    found = from_exit_reports(reports, previous, beats, tail) or from_log(
+        tail, watched.code, previous
+    )
+    return full_disk(found, output_dir)
+
+
+def _rank_killed(tail: str) -> str | None:
+    """torchrun's line for a rank killed by a signal other than its SIGTERM, if any."""
+    for match in _KILLED_RANK.finditer(tail):
+        if match.group(2) != "SIGTERM":
+            return f"a training process was killed by {match.group(2)} (pid {match.group(3)})"
+    return None
+
+
+def full_disk(found: Outcome, output_dir) -> Outcome:
+    """A crash on a full filesystem (or quota) says so in its one line, naming output_dir and
+    the checkpoint the same command resumes from (found by bench/chaos.py: the line was
+    'OSError: [Errno 28] No space left on device', no path)."""
+    if found.kind != "crash" or not _FULL.search(found.reason):
         return found
-    return from_log(tail, watched.code, previous)
+    complete = [c.path for c in list_checkpoints(output_dir) if c.complete]
+    resume = f"it resumes from {complete[-1]}" if complete else "it starts again (no checkpoint)"
+    reason = (
+        f"{found.reason}: the filesystem of {output_dir} is full or over its quota; make room "
+        f"and run the same command again: {resume}"
+    )
+    return dataclasses.replace(found, reason=reason)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from maxent_grpo.faults import failpoint
 from maxent_grpo.launch.plan import RewardModelPlan
 from maxent_grpo.launch.processes import Child
 from maxent_grpo.vllm_health import (
@@ -53,6 +54,7 @@ class RewardModelServer:
         print(
             f"reward model server starting (pid {self.child.pid}); log: {self.log_path}", flush=True
         )
+        failpoint("server_start")
         return self
 
     def wait_until_healthy(

@@ -10,6 +10,7 @@ several processes do not interleave within a line; a reader skips a torn last li
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -61,8 +62,18 @@ def emit(output_dir: str | os.PathLike, event: str, **fields) -> None:
         raise ValueError(f"unknown event {event!r}; add it to EVENTS")
     path = events_path(output_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as file:
-        file.write(_line(event, fields) + "\n")
+    data = (_line(event, fields) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            # A write cut short (a full disk) left a torn line: end it, or this event would
+            # join it and be lost to every reader (found by bench/chaos.py, disk_full).
+            data = b"\n" + data
+        if os.write(fd, data) < len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    finally:
+        os.close(fd)
 
 
 def _parse(line: str | bytes) -> dict | None:
