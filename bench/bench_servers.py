@@ -70,8 +70,12 @@ def cluster_env() -> dict[str, str] | None:
 
 
 def start_servers(env: dict[str, str], command: tuple[str, ...], log: Path) -> str:
-    """One job, one server per node, each worker on the core of its node index."""
-    serve = "VLLM_CPU_OMP_THREADS_BIND=$SLURM_NODEID exec " + shlex.join(command)
+    """One job, one server per node, each worker on the core of its node index, bound to its
+    node's address (the plan's one-node command binds loopback)."""
+    own = list(command)
+    own[own.index("--host") + 1] = "NODE_ADDRESS"
+    serve = "VLLM_CPU_OMP_THREADS_BIND=$SLURM_NODEID exec " + shlex.join(own)
+    serve = serve.replace("NODE_ADDRESS", '"$(hostname)"')
     step = f"srun --ntasks=2 --ntasks-per-node=1 bash -c {shlex.quote(serve)}"
     args = ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", f"--output={log}"]
     return (
@@ -120,11 +124,10 @@ def one_round(pool, prompts: list[str], tokens: int) -> float:
 
 def measure(urls: list[str], args) -> dict:
     """Warm-up, then alternating timed rounds of the first server alone and of both."""
-    from trl.generation.vllm_client import VLLMClient
-
     from maxent_grpo.train.server_pool import ServerPool
+    from maxent_grpo.train.vllm_connect import authorized_client_class
 
-    clients = [VLLMClient(base_url=url) for url in urls]
+    clients = [authorized_client_class()(base_url=url) for url in urls]  # the bench's token
     pools = {1: ServerPool(clients[:1], timeout=600), 2: ServerPool(clients, timeout=600)}
     prompts = [f"{TEXT} ({i})" for i in range(args.prompts)]
     for pool in pools.values():

@@ -40,6 +40,8 @@ from benchlib import (
     write_recipe,
 )
 
+from maxent_grpo.server_auth import auth_headers
+
 TEXT = "What is the sum of 12 plus 30? Think in <think></think>, then answer."
 
 
@@ -90,9 +92,12 @@ def one_round(url: str, model_id: str, prompts: int, tokens: int) -> tuple[float
     """(seconds, completions, tokens) for `prompts` concurrent requests."""
     import requests
 
+    headers = auth_headers()  # the server asks for the bench's token (benchlib)
+
     def request(i: int) -> int:
         response = requests.post(
             f"{url}/v1/completions",
+            headers=headers,
             json={
                 "model": model_id,
                 "prompt": f"{TEXT} ({i})",
@@ -130,7 +135,8 @@ def measure(folder: Path, model: Path, replicas: int, args) -> dict:
             tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
             errors = [line for line in tail if "Error" in line or "error" in line]
             return {"failed": str(exc).splitlines()[0], "error_line": (errors or tail or [""])[-1]}
-        model_id = requests.get(f"{plan.url}/v1/models", timeout=30).json()["data"][0]["id"]
+        models = requests.get(f"{plan.url}/v1/models", headers=auth_headers(), timeout=30)
+        model_id = models.json()["data"][0]["id"]
         one_round(plan.url, model_id, args.prompts, args.tokens)  # warm-up
         load_before = loadavg()
         rounds = [

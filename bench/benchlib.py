@@ -30,8 +30,13 @@ from pathlib import Path
 # The tests' helpers are bench's too: one repository root, one recipe writer (tests/helpers).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from helpers.auth import ensure_token  # noqa: E402
 from helpers.paths import PYTHON, REPO, SMOKE, SMOKE_MAXENT, SMOKE_VLLM  # noqa: E402
 from helpers.recipes import write_recipe  # noqa: E402
+
+# The servers a benchmark starts itself (not through the launcher, which makes a token per
+# attempt) ask for this one; child_env passes it on, and the benchmarks' own requests send it.
+ensure_token()
 
 __all__ = ["PYTHON", "REPO", "SMOKE", "SMOKE_MAXENT", "SMOKE_VLLM", "write_recipe"]
 

@@ -167,12 +167,13 @@ def test_server_and_trainer_agree_on_ports_and_host():
     plan = make_plan(env(4), SERVER, PORTS)
     cmd = plan.train.command
     assert flag(plan.server.command, "--port") == "18000"
-    assert flag(plan.server.command, "--host") == "0.0.0.0"
-    assert flag(cmd, "--vllm_server_host") == "localhost"
+    # One node: the trainers share it, so the server answers loopback only (issue 57).
+    assert flag(plan.server.command, "--host") == "127.0.0.1"
+    assert flag(cmd, "--vllm_server_host") == "127.0.0.1"
     assert flag(cmd, "--vllm_server_port") == "18000"
     assert flag(cmd, "--vllm_group_port") == "151216"
     assert flag(cmd, "--main_process_port") == "29555"
-    assert plan.server.health_url == "http://localhost:18000/health"
+    assert plan.server.health_url == "http://127.0.0.1:18000/health"
 
 
 def test_server_command_has_the_flags_trl_needs():

@@ -53,7 +53,11 @@ def test_each_server_node_gets_its_own_step_group_port_and_the_trainers_every_ad
         "--relative=1",
         "--kill-on-bad-exit=1",
     )
-    assert first.command == second.command[5:]  # same server, same port, on its own node
+    # Same server, same port, on its own node, bound to that node's address (issue 57).
+    own = list(second.command[5:])
+    own[own.index("--host") + 1] = "node0"
+    assert first.command == tuple(own)
+    assert second.command[second.command.index("--host") + 1] == "node1"
     assert (first.group_port, second.group_port) == (PORTS.vllm_group, PORTS.vllm_group + 1)
     assert plan.train.env[SERVERS_VARIABLE] == "http://node0:18000,http://node1:18000"
     assert plan.train.nodes == ("node2",)

@@ -54,11 +54,11 @@ def test_the_server_takes_the_last_gpus_and_the_trainers_get_its_url():
     assert plan.server.gpus == ("0",)
     assert plan.train.gpus == ("1", "2", "3", "4", "5") and plan.train.num_processes == 5
     assert plan.idle == ()  # every GPU serves, trains or scores
-    assert plan.train.env[REWARD_MODEL_VARIABLE] == "http://localhost:18001/score"
-    assert rm.command[-4:] == ("--model", "org/rm", "--port", "18001")
+    assert plan.train.env[REWARD_MODEL_VARIABLE] == "http://127.0.0.1:18001/score"
+    assert rm.command[-6:] == ("--model", "org/rm", "--port", "18001", "--host", "127.0.0.1")
     text = plan.describe()
     assert "reward model server: node localhost, GPUs 6,7, a model copy each" in text
-    assert "health: http://localhost:18001/health (timeout 1200s: vllm_server_timeout)" in text
+    assert "health: http://127.0.0.1:18001/health (timeout 1200s: vllm_server_timeout)" in text
 
 
 def test_no_key_no_server_and_the_trainers_score_in_process():

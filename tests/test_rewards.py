@@ -368,6 +368,7 @@ def test_reward_settings_defaults():
         "code_sandbox": "bwrap",
         "reward_server_timeout_seconds": 30.0,
         "reward_server_retries": 2,
+        "reward_server_token_env": None,
     }
 
 

@@ -2,7 +2,8 @@
 
 After success, failure and signals no process of the run may remain (zombies do not count:
 this machine's PID 1 does not reap orphans). With tokens in the environment and shell tracing
-on, no file under logs/ or the output directory may contain them.
+on, no file under logs/ or the output directory may contain them, nor the launcher's own
+per-attempt server token (which no command line may show either).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers.auth import command_lines, tokens_of_run
 from helpers.paths import MAXENT_GRPO, REPO
 from helpers.procs import catches, wait_for, wait_until_gone
 from helpers.recipes import small_recipe, write_recipe
 from helpers.resume import assert_resumed_from, event_count
 from helpers.runs import child_env
 from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, run_is_complete
+from maxent_grpo.server_auth import TOKEN_VARIABLE
 
 pytestmark = pytest.mark.integration
 
@@ -56,11 +59,15 @@ def wait_for_training(tmp_path: Path, timeout: float = 180) -> None:
 
 
 def test_no_secrets_in_logs_or_outputs_even_with_shell_tracing(tmp_path, tiny_model):
+    """Also the launcher's own per-attempt server token (issue 57): read from the trainers'
+    environment while they run, and then found in no file and no command line (`ps`)."""
     hf, wandb = f"hf_{secrets.token_hex(16)}", secrets.token_hex(20)
+    inherited = secrets.token_urlsafe(32)  # a token from outside: the attempt makes its own
     path = small_recipe(tmp_path, tiny_model)
     (tmp_path / "logs").mkdir()
+    tokens, ps = set(), []
     with open(tmp_path / "logs" / "slurm_trace.out", "wb") as trace:
-        code = subprocess.run(
+        proc = subprocess.Popen(
             [
                 "bash",
                 "-x",
@@ -71,19 +78,29 @@ def test_no_secrets_in_logs_or_outputs_even_with_shell_tracing(tmp_path, tiny_mo
                 str(tmp_path / "logs"),
             ],
             cwd=REPO,
-            env=child_env(HF_TOKEN=hf, WANDB_API_KEY=wandb),
+            env=child_env(HF_TOKEN=hf, WANDB_API_KEY=wandb, **{TOKEN_VARIABLE: inherited}),
             stdout=trace,
             stderr=subprocess.STDOUT,
-            timeout=600,
-        ).returncode
+        )
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            tokens |= tokens_of_run(str(tmp_path))
+            ps.append(command_lines())
+            time.sleep(0.5)
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     assert code == 0, (tmp_path / "logs" / "slurm_trace.out").read_text()[-3000:]
     assert run_is_complete(tmp_path / "out")
+    tokens.discard(inherited)  # the launcher's own process still holds the inherited one
+    assert len(tokens) == 1 and len(next(iter(tokens))) >= 40, tokens  # one attempt, one token
+    (token,) = tokens
     files = [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]
     files += [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert len(files) > 10
     for file in files:
         data = file.read_bytes()
         assert hf.encode() not in data and wandb.encode() not in data, file
+        assert token.encode() not in data, file
+    assert len(ps) > 3 and not any(token in lines for lines in ps)
     assert_nothing_left(tmp_path)
 
 

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +28,7 @@ from test_multinode import processes_on
 from test_multinode_runs import _small
 from test_training_slurm import sbatch_training, slurm_out, wait_for
 
-from helpers.paths import SMOKE_VLLM
+from helpers.paths import REPO, SMOKE_VLLM
 
 pytestmark = pytest.mark.multinode
 
@@ -41,6 +44,7 @@ SERVER_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 # After the cut, steps must go on well before the recipe's vllm_server_timeout (300 s): the
 # trainers' silence bound (about 30 s, train/server_pool.py) plus two steps on one server.
 AFTER_CUT_S = 150
+REFUSALS = str(REPO / "tests" / "helpers" / "refusals.py")
 # async_generation's bound (its default, stated): a sample one push behind is trained on.
 MAX_STALENESS = 1
 
@@ -64,6 +68,27 @@ def _server_pids(cluster, node: str) -> list[int]:
         if ("vllm.entrypoints.cli.main serve" in cmd or "VLLM" in cmd) and "srun" not in cmd:
             pids.append(int(pid))
     return pids
+
+
+def _strangers(cluster, other: str, server_node: str, printed: str) -> dict:
+    """What processes outside the run get from its servers, asked without the token
+    (tests/helpers/refusals.py, stdlib only): from `other`'s network namespace to every
+    server's address on the cluster network, and from the first server's node to loopback."""
+    found = re.findall(r"health: http://([\w.-]+):(\d+)/health", printed)
+    assert len(found) == 2, printed[-3000:]
+    network = [f"http://{cluster.node_addr(node)}:{port}" for node, port in found]
+    loopback = [f"http://127.0.0.1:{port}" for node, port in found if node == server_node]
+    answers = {}
+    for name, node, urls in (("network", other, network), ("loopback", server_node, loopback)):
+        done = subprocess.run(
+            ["ip", "netns", "exec", f"mgs-{node}", sys.executable, "-I", REFUSALS, *urls],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        answers[name] = json.loads(done.stdout)
+    return answers
 
 
 def _steps(out: Path) -> list[dict]:
@@ -104,6 +129,7 @@ def test_two_server_nodes_one_killed_mid_run_comes_back(multinode_cluster, tmp_p
         first, second, trainer = nodes
         # After the third step, SIGKILL the second node's API server and engine (a crash).
         wait_for(lambda: len(_steps(out)) >= 3, 420, "step 3")
+        strangers = _strangers(cluster, trainer, first, slurm_out(tmp_path))
         victims = _server_pids(cluster, second)
         assert victims, processes_on(cluster, second)
         for pid in victims:
@@ -151,6 +177,10 @@ def test_two_server_nodes_one_killed_mid_run_comes_back(multinode_cluster, tmp_p
     printed = slurm_out(tmp_path)
     logs = "\n".join(p.read_text(errors="replace") for p in sorted((tmp_path / "logs").glob("*")))
     assert back and state == "COMPLETED", printed[-4000:] + logs[-6000:]
+    # Issue 57: from the training node's namespace (reachable, no token) every route of both
+    # servers answered 401; on the first server's own node, loopback reached nothing.
+    assert [set(a.values()) for a in strangers["network"].values()] == [{401}, {401}], strangers
+    assert set(*strangers["loopback"].values()) == {None}, strangers
     (record,) = cluster.job_records(job)  # one attempt: Slurm did not end the job at the cut
     assert record.get("Restarts") == "0", record
     assert (

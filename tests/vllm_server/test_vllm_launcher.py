@@ -6,8 +6,10 @@ lifecycle is what is tested.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -16,11 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers.auth import command_lines, tokens_of_run
 from helpers.paths import MAXENT_GRPO, REPO
 from helpers.procs import LOADED_MARGIN, live_processes, wait_until_gone
 from helpers.recipes import SMOKE_VLLM, write_recipe
+from helpers.refusals import not_refused, strangers_answers
 from helpers.runs import child_env, log_history
 from maxent_grpo.rundir.checkpoints import run_is_complete
+from maxent_grpo.server_auth import TOKEN_VARIABLE
 
 pytestmark = pytest.mark.vllm
 
@@ -75,15 +80,52 @@ def server_pid(run: Streamed) -> int:
     return int(run.first(r"vLLM server starting \(pid (\d+)\)")[1].group(1))
 
 
+def _stranger(url: str, marker: str, seen: dict) -> None:
+    """While the run trains: what a stranger gets from its server (this user without the
+    token; another local user, `nobody`, when root can run one), the run's tokens as the
+    trainers' environment holds them, and what `ps` shows."""
+    seen["tokens"] = tokens_of_run(marker)
+    seen["ps"] = command_lines()
+    seen["answers"] = strangers_answers(url)
+    python = "/usr/bin/python3"  # one `nobody` may run (the venv's may sit under /root)
+    if os.geteuid() == 0 and shutil.which("runuser") and os.access(python, os.X_OK):
+        script = str(REPO / "tests" / "helpers" / "refusals.py")
+        other = ["runuser", "-u", "nobody", "--", python, "-I", script, url]
+        done = subprocess.run(other, capture_output=True, text=True, timeout=60, cwd="/")
+        seen["nobody"] = json.loads(done.stdout)[url] if done.returncode == 0 else done.stderr
+    seen["tokens"] |= tokens_of_run(marker)
+
+
 def test_training_sh_smoke_recipe_serves_trains_and_stops_everything(tmp_path, tiny_model):
-    """RECIPE=recipes/smoke/config_grpo_vllm.yaml bash training.sh, shortened to 3 steps."""
+    """RECIPE=recipes/smoke/config_grpo_vllm.yaml bash training.sh, shortened to 3 steps. Once
+    the server is healthy, while the trainers run, a stranger is refused on every route (issue
+    57); the run completes, and the attempt's token is in no file and no command line."""
     out, logs = tmp_path / "out", tmp_path / "logs"
+    seen: dict = {}
+
+    def ask_as_a_stranger(line: str) -> None:
+        if (match := re.search(r"vLLM server healthy after \S+ at (\S+)", line)) and not seen:
+            seen["thread"] = threading.Thread(target=_stranger, args=(match[1], str(out), seen))
+            seen["thread"].start()
+
     run = Streamed(
         ["bash", "training.sh", "--logs-dir", str(logs), "--", "--output_dir", str(out)]
         + ["--max_steps", "3", "--save_steps", "3"],
+        on_line=ask_as_a_stranger,
         RECIPE="recipes/smoke/config_grpo_vllm.yaml",
     )
     assert run.returncode == 0, run.text[-6000:]
+    seen["thread"].join(timeout=120)
+    assert set(seen["answers"].values()) == {401}, seen["answers"]  # loopback: reachable
+    if "nobody" in seen:
+        assert isinstance(seen["nobody"], dict), seen["nobody"]
+        assert not not_refused(seen["nobody"]), seen["nobody"]
+    tokens = seen["tokens"] - {os.environ.get(TOKEN_VARIABLE)}  # the attempt made its own
+    assert len(tokens) == 1, tokens
+    (token,) = tokens
+    assert token not in seen["ps"] and token not in run.text
+    for file in [p for p in [*out.rglob("*"), *logs.rglob("*")] if p.is_file()]:
+        assert token.encode() not in file.read_bytes(), file
     healthy = float(run.first(r"vLLM server healthy after ([\d.]+)s")[1].group(1))
     measured("training.sh: server time to healthy", healthy)
     measured("training.sh: whole run (server start, 3 steps, teardown)", run.ended - run.start)

@@ -14,10 +14,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import requests
 import torch
 from shared_servers import SHARED_KEYS, plan_on
 
+from helpers.auth import session
 from helpers.recipes import SMOKE_VLLM, write_recipe
 from helpers.runs import REPO, child_env, log_history
 from maxent_grpo.recipe import read_recipe
@@ -28,6 +28,7 @@ pytestmark = pytest.mark.vllm
 
 GRPO = str(REPO / "src" / "grpo.py")
 TOLERANCE = 1e-5  # float32 on both sides
+HTTP = session()  # sends the run's token (the server refuses requests without it)
 TEXT = "What is the sum of 12 plus 30? <think> 12 plus 30 </think> <answer> 42 </answer>"
 
 
@@ -66,9 +67,9 @@ def served(tmp_path_factory, tiny_model, disk_server):
     url = plan.server.url
     # Earlier tests trained against this server: put the base model back (the same reload
     # the trainers' disk sync does), so that "before training" means the initial model.
-    reload_weights(SimpleNamespace(base_url=url, session=requests.Session()), tiny_model)
-    assert requests.post(f"{url}/reset_prefix_cache", timeout=30).status_code == 200
-    model_id = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    reload_weights(SimpleNamespace(base_url=url, session=HTTP), tiny_model)
+    assert HTTP.post(f"{url}/reset_prefix_cache", timeout=30).status_code == 200
+    model_id = HTTP.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
     yield SimpleNamespace(plan=plan, url=url, model_id=model_id, tmp=tmp, server=disk_server)
 
 
@@ -90,7 +91,7 @@ def hf_logprobs(model_dir: Path, ids: list[int]) -> list[float]:
 
 
 def server_prompt_logprobs(served, ids: list[int]) -> list[float]:
-    response = requests.post(
+    response = HTTP.post(
         f"{served.url}/v1/completions",
         json={
             "model": served.model_id,
@@ -113,24 +114,25 @@ def max_diff(a: list[float], b: list[float]) -> float:
 
 def test_health_answers_on_health_and_health_slash(served):
     assert probe(served.plan.server.health_url) == 200
-    assert probe(f"{served.url}/health/") == 200  # the redirect, followed
-    connection = http.client.HTTPConnection("localhost", served.plan.server.port, timeout=10)
-    connection.request("GET", "/health/")
+    # Only the exact /health is open (issue 57): /health/ asks for the token like any route.
+    assert probe(f"{served.url}/health/") == 401
+    connection = http.client.HTTPConnection("127.0.0.1", served.plan.server.port, timeout=10)
+    connection.request("GET", "/health/", headers=HTTP.headers)
     response = connection.getresponse()
     assert response.status == 307 and response.getheader("location").endswith("/health")
 
 
 def test_generation_through_trls_client(served, tiny_model):
-    from trl.generation.vllm_client import VLLMClient
+    from maxent_grpo.train.vllm_connect import authorized_client_class
 
-    client = VLLMClient(base_url=served.url, connection_timeout=10)
+    client = authorized_client_class()(base_url=served.url, connection_timeout=10)
     ids = token_ids(tiny_model)
     out = client.generate(prompts=[ids], n=3, max_tokens=8, temperature=1.0, logprobs=0)
     assert out["prompt_ids"] == [ids]
     assert len(out["completion_ids"]) == 3
     assert all(1 <= len(c) <= 8 for c in out["completion_ids"])
     assert [len(lp) for lp in out["logprobs"]] == [len(c) for c in out["completion_ids"]]
-    text = requests.post(
+    text = HTTP.post(
         f"{served.url}/v1/completions",
         json={"model": served.model_id, "prompt": "What is", "max_tokens": 4},
         timeout=60,
@@ -179,7 +181,7 @@ def test_grpo_with_disk_sync_keeps_the_server_on_the_trained_weights(served, tin
     assert max_diff(synced, hf_logprobs(tiny_model, ids)) > 1e-4  # the weights did move
 
     # Completion logprobs too: sample on the server, score with transformers.
-    response = requests.post(
+    response = HTTP.post(
         f"{served.url}/v1/completions",
         json={
             "model": served.model_id,
@@ -204,7 +206,7 @@ def test_grpo_with_disk_sync_keeps_the_server_on_the_trained_weights(served, tin
     for name, param in final.named_parameters():
         writer.add(name, param.data)
     assert writer.close() > 1
-    client = SimpleNamespace(base_url=served.url, session=requests.Session())
+    client = SimpleNamespace(base_url=served.url, session=HTTP)
     start = time.monotonic()
     reload_weights(client, writer.directory)
     measured("reload_weights of the final model", time.monotonic() - start)

@@ -60,6 +60,7 @@ from maxent_grpo.rundir.checkpoints import (
 from maxent_grpo.rundir.events import emit, events_path
 from maxent_grpo.rundir.heartbeat import clear_heartbeats, heartbeat_dir
 from maxent_grpo.rundir.settings import RunSettings, read_settings, write_settings
+from maxent_grpo.server_auth import new_token, with_token
 from maxent_grpo.vllm_health import ServerWaitCancelled
 
 # How long the trainers may take to finish a step and save after a SIGTERM reached every
@@ -354,8 +355,9 @@ class Attempt(Finish):
         )
 
     def _start_and_wait(self, recipe, plan: Plan, run_name: str, train_log: Path) -> Watched:
-        # The recipe's env: block reaches the run's processes, under the plan's own variables.
-        environ = {**self.environ, **recipe.env}
+        # The recipe's env: block reaches the run's processes, under the plan's own variables;
+        # a fresh token per attempt, which every server started below asks its clients for.
+        environ = with_token({**self.environ, **recipe.env}, new_token())
         if self.stop_reason is not None:  # asked to stop before anything started
             return Watched(None)
         crash_grace = crash_grace_s(environ)  # a bad value stops here, before any process

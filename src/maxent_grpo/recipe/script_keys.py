@@ -109,6 +109,16 @@ class ScriptArguments:
             "RewardServerDown."
         },
     )
+    reward_server_token_env: str | None = field(
+        default=None,
+        metadata={
+            "help": "The name of an environment variable (e.g. MY_REWARD_TOKEN) whose value the "
+            "trainers send to every reward server as 'Authorization: Bearer <value>', so that "
+            "your server can refuse anyone else (docs/security.md). The value stays in the "
+            "environment, never in the recipe; a run whose trainers lack the variable stops "
+            "at start with one line. Unset: no header."
+        },
+    )
     tools: list[str] | None = field(
         default=None,
         metadata={
@@ -301,4 +311,5 @@ _PASSED_SETTINGS = (
     "code_sandbox",
     "reward_server_timeout_seconds",
     "reward_server_retries",
+    "reward_server_token_env",
 )

@@ -1,12 +1,15 @@
 """A reward model served over HTTP: the reward-server contract, scored by a classifier.
 
-    python -m maxent_grpo.rewards.model_server --model PATH --port 8001
+    MAXENT_GRPO_SERVER_TOKEN=... python -m maxent_grpo.rewards.model_server --model PATH --port 8001
 
 The launcher starts it when a recipe sets reward_model_gpus (launch/plan/reward_model.py: its
 GPUs, port and command; launch/reward_server.py: the process, its /health wait, its stop), and
 the trainers score the recipe's `model:` entry through the reward-server client
 (remote.RemoteReward) instead of loading the model themselves. It answers POST /score by the
-contract of docs/tools.md and GET /health with 200 once the model is loaded.
+contract of docs/tools.md and GET /health with 200 once the model is loaded. It binds
+loopback unless told otherwise (--host; the launcher gives it the plan's address) and answers
+/score only with the run's token (server_auth.TOKEN_VARIABLE, or --token-env's variable): it
+refuses to start without one.
 
 It scores as TRL scores a reward model inside the trainer (GRPOTrainer._calculate_rewards):
 chat prompts through the reward model's chat template (prompt + completion messages), plain
@@ -22,7 +25,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from maxent_grpo.rewards.example_server import make_server
+from maxent_grpo.rewards.example_server import make_server, server_token
+from maxent_grpo.server_auth import TOKEN_VARIABLE
 
 DEFAULT_BATCH = 16
 
@@ -114,14 +118,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a hub id or a local directory")
     parser.add_argument("--port", type=int, default=8001)
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--token-env", default=TOKEN_VARIABLE, help="the token's variable")
     parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="texts per forward")
     args = parser.parse_args(argv)
+    token = server_token(args.token_env)  # before the model's load: a missing one exits now
     devices = _devices()
     start = time.monotonic()
     scorer = RewardModel(args.model, devices, args.batch)
     # The port opens only now: /health answers once the model can score.
-    server = make_server(args.port, _logged(scorer), host=args.host)
+    server = make_server(args.port, _logged(scorer), host=args.host, token=token)
     print(
         f"reward model {args.model} on {', '.join(devices)} loaded in "
         f"{time.monotonic() - start:.1f}s; POST http://{args.host}:{args.port}/score",

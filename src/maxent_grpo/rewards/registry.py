@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -59,6 +60,12 @@ def _positive(key: str, value: Any) -> float:
     return value
 
 
+def _variable_name(key: str, value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and re.fullmatch(r"[A-Za-z_]\w*", value)):
+        return value
+    raise RewardError(f"setting {key} must name an environment variable, got {value!r}")
+
+
 def _one_of(*choices: str) -> Callable[[str, Any], str]:
     def check(key: str, value: Any) -> str:
         if value not in choices:
@@ -89,6 +96,7 @@ _SETTINGS: dict[str, tuple[Any, Callable[[str, Any], Any]]] = {
     # reward servers (remote.py)
     "reward_server_timeout_seconds": (30.0, _positive),
     "reward_server_retries": (2, _int_at_least(0)),
+    "reward_server_token_env": (None, _variable_name),
 }
 
 #: Settings understood by the parametrised built-in rewards, with their defaults.
@@ -273,7 +281,9 @@ def get_reward_funcs(names: Sequence[str], **settings: Any) -> list[RewardFunc |
         name = raw.strip()
         if remote.is_server(name):
             timeout = resolved["reward_server_timeout_seconds"]
-            funcs.append(remote.RemoteReward(name, timeout, resolved["reward_server_retries"]))
+            headers = remote.server_headers(resolved["reward_server_token_env"])
+            retries = resolved["reward_server_retries"]
+            funcs.append(remote.RemoteReward(name, timeout, retries, headers=headers))
         elif name.startswith(remote.MODEL_PREFIX) and os.environ.get(remote.REWARD_MODEL_VARIABLE):
             # reward_model_gpus: the launcher serves the model; score through its server.
             url = os.environ[remote.REWARD_MODEL_VARIABLE]

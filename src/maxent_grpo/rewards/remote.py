@@ -22,6 +22,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import os
 import re
 import time
 import urllib.error
@@ -32,6 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from maxent_grpo.rewards.common import RewardError, RewardUnavailable
+from maxent_grpo.server_auth import auth_headers
 
 SERVER_PREFIXES = ("http://", "https://")
 MODEL_PREFIX = "model:"
@@ -119,9 +121,18 @@ class RemoteReward:
 
     bounds_itself = True
 
-    def __init__(self, url: str, timeout: float, retries: int, name: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        timeout: float,
+        retries: int,
+        name: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
         check_server_url(url)
         self.url, self.timeout, self.tries = url, float(timeout), int(retries) + 1
+        # Authorization (server_auth.auth_headers); kept out of repr and error messages.
+        self._headers = {"Content-Type": "application/json", **(headers or {})}
         parts = urlsplit(url)
         self.__name__ = name or re.sub(r"\W+", "_", f"server_{parts.netloc}{parts.path}").strip("_")
 
@@ -156,9 +167,7 @@ class RemoteReward:
         )
 
     def _post(self, data: bytes) -> Any:
-        request = urllib.request.Request(
-            self.url, data=data, headers={"Content-Type": "application/json"}, method="POST"
-        )
+        request = urllib.request.Request(self.url, data=data, headers=self._headers, method="POST")
         with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
             body = response.read()
         try:
@@ -230,5 +239,21 @@ def model_metric_name(model: str) -> str:
 
 
 def served_reward_model(spec: str, url: str, timeout: float, retries: int) -> RemoteReward:
-    """A `model:` entry scored by the reward-model server at `url` (reward_model_gpus)."""
-    return RemoteReward(url, timeout, retries, name=model_metric_name(reward_model_name(spec)))
+    """A `model:` entry scored by the reward-model server at `url` (reward_model_gpus), which
+    asks for the run's token (the launcher started it)."""
+    name = model_metric_name(reward_model_name(spec))
+    return RemoteReward(url, timeout, retries, name=name, headers=auth_headers())
+
+
+def server_headers(variable: str | None, environ: Mapping[str, str] = os.environ) -> dict:
+    """reward_server_token_env: the header a user's reward server gets (the token in the
+    environment variable the recipe names), none when the recipe names none."""
+    if variable is None:
+        return {}
+    if not environ.get(variable):
+        raise RewardError(
+            f"reward_server_token_env: {variable}, but {variable} is not set in the trainers' "
+            f"environment; export {variable} (the token your reward server checks) before "
+            "the run, or drop reward_server_token_env"
+        )
+    return auth_headers(environ, variable)

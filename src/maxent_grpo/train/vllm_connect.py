@@ -22,6 +22,7 @@ import logging
 import os
 
 from maxent_grpo.rundir.events import emit
+from maxent_grpo.server_auth import auth_headers
 from maxent_grpo.train.server_pool import ServerPool
 from maxent_grpo.vllm_health import SERVERS_VARIABLE, HealthWait, group_port_of, server_urls
 
@@ -69,6 +70,27 @@ class _Unconnected:
 
 
 @functools.cache
+def authorized_client_class():
+    """TRL's VLLMClient whose requests carry the run's token (server_auth.auth_headers): its
+    __init__ makes the session and uses it at once (/v1/models), so the headers go on the
+    session as it is set. Every call made through `client.session` (generation, weight
+    sync, the pool's) sends them; TRL's own /health check needs none."""
+    from trl.generation.vllm_client import VLLMClient  # TRL is slow to import
+
+    class AuthorizedVLLMClient(VLLMClient):
+        @property
+        def session(self):
+            return self._session
+
+        @session.setter
+        def session(self, session) -> None:
+            session.headers.update(auth_headers())
+            self._session = session
+
+    return AuthorizedVLLMClient
+
+
+@functools.cache
 def deferred_generation_class():
     """TRL's VLLMGeneration, connecting to the server at the first use (built lazily: TRL is
     slow to import)."""
@@ -109,8 +131,10 @@ def deferred_generation_class():
             return self._client
 
         def _open_client(self, base_url: str) -> None:
-            """TRL's own connection: its client and the NCCL weight-transfer group."""
-            super()._init_vllm()
+            """TRL's own connection (its _init_vllm in server mode, on the main process, which
+            alone connects): the client and the NCCL weight-transfer group."""
+            self.vllm_client = self._new_client(base_url, self.group_port)
+            self.vllm_client.init_communicator(device=self.accelerator.device)
 
         def _open_pool(self, urls: tuple[str, ...]) -> ServerPool:
             """A client per server (each waited for), behind one pool (train/server_pool.py)."""
@@ -126,9 +150,11 @@ def deferred_generation_class():
         def _new_client(self, url: str, group_port: int):
             from trl.generation.vllm_client import VLLMClient  # TRL is slow to import
 
-            return VLLMClient(
-                base_url=url, group_port=group_port, connection_timeout=self.server_timeout
-            )
+            # The run's token goes to the servers the launcher started, not to a server of
+            # vllm_server_base_url (started elsewhere, which has no use for it).
+            ours = self.server_base_url is None
+            kind = authorized_client_class() if ours else VLLMClient
+            return kind(base_url=url, group_port=group_port, connection_timeout=self.server_timeout)
 
         def _init_pool(self, pool: ServerPool) -> None:
             """NCCL sync: a weight-transfer group per server, as TRL opens one."""

@@ -53,10 +53,13 @@ class ServerPlan:
     tensor_parallel: int = 1
     data_parallel: int = 1  # replicas (vLLM's --data-parallel-size)
     data_parallel_why: str = ""  # which key or rule chose them (plan/server.py)
+    # The address it binds and its clients use (bind_address): loopback when the trainers
+    # share its node, the node's own address otherwise; never every interface.
+    host: str = ""
 
     @property
     def url(self) -> str:
-        return f"http://{self.node}:{self.port}"
+        return f"http://{self.host or self.node}:{self.port}"
 
     @property
     def health_url(self) -> str:
@@ -74,14 +77,15 @@ class RewardModelPlan:
     command: tuple[str, ...]
     env: dict[str, str]
     timeout: float  # seconds to wait for /health (vllm_server_timeout)
+    host: str = ""  # the address it binds and the trainers use (plan/server.py bind_address)
 
     @property
     def url(self) -> str:
-        return f"http://{self.node}:{self.port}/score"
+        return f"http://{self.host or self.node}:{self.port}/score"
 
     @property
     def health_url(self) -> str:
-        return f"http://{self.node}:{self.port}/health"
+        return f"http://{self.host or self.node}:{self.port}/health"
 
     def describe(self) -> list[str]:
         where = f"GPUs {','.join(self.gpus)}, a model copy each" if self.gpus else "CPU"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from maxent_grpo.launch.plan.model import Environment, Plan, PlanError, Ports, RewardModelPlan
-from maxent_grpo.launch.plan.server import data_parallel_size
+from maxent_grpo.launch.plan.server import bind_address, data_parallel_size
 from maxent_grpo.methods import RL_METHODS, uses_vllm_server
 from maxent_grpo.recipe.parser import RecipeKeys
 from maxent_grpo.rewards.remote import MODEL_PREFIX, REWARD_MODEL_VARIABLE
@@ -81,12 +81,15 @@ def split_reward_model(
         _check_fits(env, recipe)
         gpus = env.gpus[-recipe.reward_model_gpus :]
         env = dataclasses.replace(env, gpus=env.gpus[: -recipe.reward_model_gpus])
+    host = bind_address(env, env.nodes[0])
     command = (env.python, "-m", SERVER_MODULE, "--model", model, "--port", str(ports.reward_model))
+    command += ("--host", host)  # the run's token reaches it in its environment
     server_env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus)}
     if not gpus:  # on CPU beside the trainers: one thread, the cores are theirs
         server_env["OMP_NUM_THREADS"] = "1"
     server = RewardModelPlan(
         node=env.nodes[0],
+        host=host,
         gpus=gpus,
         port=ports.reward_model,
         model=model,

@@ -13,12 +13,21 @@ from maxent_grpo.launch.plan.checks import (
 )
 from maxent_grpo.launch.plan.model import Environment, PlanError, Ports, ServerPlan
 from maxent_grpo.recipe.parser import RecipeKeys
+from maxent_grpo.server_auth import MIDDLEWARE
 from maxent_grpo.vllm_health import group_port_of
 
 # `python -m` target of the server command (vLLM's own CLI, in this venv's interpreter).
 VLLM_MODULE = "vllm.entrypoints.cli.main"
 # vLLM's --max-lora-rank accepts these; a smaller adapter is served under the next one up.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+LOOPBACK = "127.0.0.1"
+
+
+def bind_address(env: Environment, node: str) -> str:
+    """The address a server of the run binds, and its clients use (the one decision of it):
+    loopback when the whole job is one node (its trainers share the server's node), else the
+    node's own name, which resolves to its address on the cluster network. Never 0.0.0.0."""
+    return LOOPBACK if len(env.nodes) == 1 else node
 
 
 def data_parallel_size(recipe: RecipeKeys, server_gpus: int, nodes: int) -> tuple[int, str]:
@@ -50,7 +59,7 @@ def cpu_server(env: Environment, recipe: RecipeKeys, ports: Ports) -> ServerPlan
     """vLLM's CPU build on the first node: no GPU, disk or LoRA weight sync."""
     check_cpu_server(recipe)
     replicas = data_parallel_size(recipe, 0, len(env.nodes))
-    return server_plan(env.nodes[0], (), recipe, ports, env.python, "cpu", replicas)
+    return server_plan(env.nodes[0], (), recipe, ports, env, "cpu", replicas)
 
 
 def gpu_server(
@@ -63,7 +72,7 @@ def gpu_server(
     dp, why = data_parallel_size(recipe, len(env.gpus), len(env.nodes))
     check_replicas(env, tp, dp)
     gpus = env.gpus[: tp * dp]
-    server = server_plan(env.nodes[0], gpus, recipe, ports, env.python, "gpu", (dp, why))
+    server = server_plan(env.nodes[0], gpus, recipe, ports, env, "gpu", (dp, why))
     if len(env.nodes) > 1:  # vLLM owns the first node; the others train on all their GPUs
         return server, env.nodes[1:], env.gpus
     return server, env.nodes, env.gpus[tp * dp :]
@@ -86,7 +95,7 @@ def node_servers(env: Environment, recipe: RecipeKeys, ports: Ports) -> tuple[Se
             check_replicas(env, recipe.vllm_tensor_parallel_size, replicas[0])
             gpus = env.gpus[: recipe.vllm_tensor_parallel_size * replicas[0]]
             device = "gpu"
-        plan = server_plan(node, gpus, recipe, own, env.python, device, replicas)
+        plan = server_plan(node, gpus, recipe, own, env, device, replicas)
         servers.append(dataclasses.replace(plan, command=on_node(index, plan.command)))
     return tuple(servers)
 
@@ -105,7 +114,7 @@ def server_plan(
     gpus: tuple[str, ...],
     recipe: RecipeKeys,
     ports: Ports,
-    python: str,
+    env: Environment,
     device: str,
     replicas: tuple[int, str],
 ) -> ServerPlan:
@@ -113,12 +122,15 @@ def server_plan(
 
     Dev mode (VLLM_SERVER_DEV_MODE=1) exposes /server_info, /reset_prefix_cache and
     /collective_rpc, which weight sync uses. NCCL sync also needs the weight-transfer engine;
-    disk sync reloads safetensors through /collective_rpc reload_weights instead.
+    disk sync reloads safetensors through /collective_rpc reload_weights instead. Every route
+    but /health asks for the run's token (server_auth.TokenMiddleware, vLLM's --middleware;
+    the token itself reaches the server in its environment, never on this command line).
     replicas: (vLLM's --data-parallel-size, why: data_parallel_size).
     """
     dp, why = replicas
-    command = [python, "-m", VLLM_MODULE, *_serve_args(recipe, ports, dp)]
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus), "VLLM_SERVER_DEV_MODE": "1"}
+    host = bind_address(env, node)
+    command = [env.python, "-m", VLLM_MODULE, *_serve_args(recipe, ports, dp, host)]
+    variables = {"CUDA_VISIBLE_DEVICES": ",".join(gpus), "VLLM_SERVER_DEV_MODE": "1"}
     if recipe.vllm_weight_sync == "nccl":
         command += ["--weight-transfer-config", '{"backend": "nccl"}']
     if device == "cpu" and dp == 1:
@@ -127,18 +139,19 @@ def server_plan(
         # request measured, against 0.145 CPU-s in one process (docs/vllm.md). Its CPU
         # platform keeps the `uni` executor only without V1 multiprocessing.
         command += ["--distributed-executor-backend", "uni"]
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        variables["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if recipe.vllm_weight_sync == "lora":
         check_lora(recipe, dp)
         command += ["--enable-lora", "--max-lora-rank", str(lora_rank(recipe.lora_r))]
-        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter
+        variables["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter
     return ServerPlan(
         node=node,
+        host=host,
         gpus=gpus,
         port=ports.vllm,
         group_port=ports.vllm_group,
         command=tuple(command),
-        env=env,
+        env=variables,
         device=device,
         weight_sync=recipe.vllm_weight_sync,
         timeout=recipe.vllm_server_timeout,
@@ -148,11 +161,12 @@ def server_plan(
     )
 
 
-def _serve_args(recipe: RecipeKeys, ports: Ports, dp: int) -> list[str]:
+def _serve_args(recipe: RecipeKeys, ports: Ports, dp: int, host: str) -> list[str]:
     """`serve MODEL` and the flags the recipe's keys set."""
     args = [
         *("serve", recipe.model_name_or_path or ""),
-        *("--host", "0.0.0.0", "--port", str(ports.vllm)),
+        *("--host", host, "--port", str(ports.vllm)),
+        *("--middleware", MIDDLEWARE),
         *("--tensor-parallel-size", str(recipe.vllm_tensor_parallel_size)),
         *("--data-parallel-size", str(dp)),
         *("--gpu-memory-utilization", str(recipe.vllm_server_gpu_memory_utilization)),

@@ -7,6 +7,7 @@ import shlex
 
 from maxent_grpo.launch.plan.checks import check_processes
 from maxent_grpo.launch.plan.model import Environment, Plan, Ports, ServerPlan, TrainPlan
+from maxent_grpo.launch.plan.server import bind_address
 from maxent_grpo.methods import METHODS
 from maxent_grpo.recipe.parser import RecipeKeys
 
@@ -27,7 +28,7 @@ def _trainer_args(recipe: RecipeKeys, server: ServerPlan | None) -> tuple[str, .
     args = (*METHODS[recipe.method].entry(), "--config", recipe.path)
     if server is not None:
         args += (
-            *("--vllm_server_host", server.node, "--vllm_server_port", str(server.port)),
+            *("--vllm_server_host", server.host, "--vllm_server_port", str(server.port)),
             *("--vllm_group_port", str(server.group_port)),
         )
     return args + recipe.overrides
@@ -97,9 +98,21 @@ def gpu_plan(
         env={
             "CUDA_VISIBLE_DEVICES": ",".join(train_gpus),
             "OMP_NUM_THREADS": _threads(env, recipe, total // len(train_nodes)),
+            **_group_address(env, server, train_nodes),
         },
     )
     return Plan(device="gpu", server=server, train=train)
+
+
+def _group_address(
+    env: Environment, server: ServerPlan | None, train_nodes: tuple[str, ...]
+) -> dict[str, str]:
+    """NCCL weight sync: the address the trainer's rendezvous for the weight group binds
+    (vLLM's get_ip reads VLLM_HOST_IP; the trainer's main process, on the first training node,
+    listens there for the servers' workers), as the servers bind: loopback on one node."""
+    if server is None or server.weight_sync != "nccl":
+        return {}
+    return {"VLLM_HOST_IP": bind_address(env, train_nodes[0])}
 
 
 def _threads(env: Environment, recipe: RecipeKeys, processes_per_node: int) -> str:
