@@ -126,6 +126,58 @@ def test_time_limit_signal_is_a_time_limit_outcome_and_requeues(slurm_cluster, t
     assert f"requeueing {job}" in slurm_out(tmp_path)
 
 
+def _training_in(out: Path, attempt: int) -> bool:
+    """The run is in its `attempt`-th attempt (1-based), and that attempt has logged a step."""
+    log = events(out)
+    starts = [i for i, e in enumerate(log) if e["event"] == "attempt_start"]
+    return len(starts) == attempt and any(e["event"] == "step" for e in log[starts[-1] :])
+
+
+def test_a_stop_past_max_requeues_is_not_requeued_and_keeps_its_checkpoint(slurm_cluster, tmp_path):
+    """max_requeues: 1. The first time-limit signal requeues the job; the second, in the
+    requeued attempt (SLURM_RESTART_COUNT 1), does not: the attempt saves, says why it is not
+    requeued and how to continue, and the job ends. Steps sleep 0.5 s in both attempts."""
+    out = tmp_path / "out"
+    keys = {"reward_funcs": ["tests.helpers.gated_rewards:gated_digit_fraction"]}
+    path = small_recipe(
+        tmp_path,
+        **KEYS,
+        **keys,
+        reward_weights=None,
+        max_steps=400,
+        num_processes=1,
+        max_requeues=1,
+    )
+    job = sbatch_training(
+        slurm_cluster,
+        tmp_path,
+        path,
+        *("--cpus-per-task=4", "--gres=gpu:0", "--requeue"),
+        "--export=ALL,SLOW_REWARD_S=0.5",
+    )
+    for attempt in (1, 2):
+        wait_for(lambda n=attempt: _training_in(out, n), 240, f"attempt {attempt} training")
+        slurm_cluster.run(["scancel", "--batch", "--signal=USR1", job])
+        wait_for(
+            lambda n=attempt: len([e for e in events(out) if e["event"] == "outcome"]) == n,
+            240,
+            f"attempt {attempt}'s outcome",
+        )
+    slurm_cluster.wait(job, timeout=300)
+    outcomes = [e for e in events(out) if e["event"] == "outcome"]
+    assert [o["outcome"] for o in outcomes] == ["time_limit", "time_limit"], outcomes
+    assert outcomes[0]["requeue"] == job and outcomes[1].get("requeue") is None, outcomes
+    printed = slurm_out(tmp_path)
+    assert printed.count(f"requeueing {job}") == 1, printed[-3000:]
+    assert (
+        "not requeued: requeued 1 times already (max_requeues: 1); resubmit to continue from "
+        "the last checkpoint"
+    ) in printed, printed[-3000:]
+    saved = outcomes[1]["step"]
+    assert (out / f"checkpoint-{saved}").is_dir() and saved > outcomes[0]["step"], outcomes
+    assert len([e for e in events(out) if e["event"] == "attempt_start"]) == 2  # no third
+
+
 def test_a_permanent_failure_in_an_array_is_not_retried(slurm_cluster, tmp_path):
     """Out of memory in the first task of an array (torch.OutOfMemoryError from a failpoint,
     see tests/reliability/test_failure_classes.py): the later tasks exit at once with the
