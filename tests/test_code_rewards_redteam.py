@@ -569,7 +569,7 @@ def test_the_program_is_alone_in_its_namespace_and_nothing_outlives_the_run():
         "try:\n    os.setsid()\nexcept OSError:\n    pass\n"
         "open('hold', 'wb').write(b'x' * (12 << 20))\nimport sys\nsys.stdout.flush()\n" + HOLD
     )
-    result = _attack_and_check_host(source, 10, Limits(wall_seconds=1))
+    result = _attack_and_check_host(source, 10, Limits(wall_seconds=2))
     assert result.status == "timeout" and result.stdout.split() == ["1", "[]", "-1", "-1"]
 
 
@@ -588,7 +588,7 @@ def test_memory_files_and_shared_memory_are_refused_and_nothing_is_held():
         "out.append(libc.mq_open(b'/q', 0o100 | 2, 0o600, None))\n"
         "print(out, flush=True)\n" + HOLD
     )
-    result = _attack_and_check_host(source, 0, Limits(wall_seconds=1, memory_mb=64))
+    result = _attack_and_check_host(source, 0, Limits(wall_seconds=2, memory_mb=64))
     assert result.stdout.strip() == "[1, 30, -1, -1]", result.stdout + result.stderr
 
 
@@ -600,7 +600,7 @@ def test_an_inode_flood_stops_at_the_cap_and_nothing_is_held():
         "n = 0\ntry:\n    while True:\n        open(f'f{n}', 'w').close()\n        n += 1\n"
         "except OSError as err:\n    print(n, err.errno, flush=True)\n" + HOLD
     )
-    result = _attack_and_check_host(source, 0, Limits(wall_seconds=1.5))
+    result = _attack_and_check_host(source, 0, Limits(wall_seconds=2.5))
     count, errno = map(int, result.stdout.split())
     assert count <= Limits().disk_inodes and errno == 28  # ENOSPC
 
@@ -614,7 +614,7 @@ def test_a_descriptor_flood_stops_at_the_open_file_limit():
         "        held += socket.socketpair()\n        held.append(os.eventfd(0))\n"
         "except OSError as err:\n    print(len(held), err.errno, flush=True)\n" + HOLD
     )
-    result = _attack_and_check_host(source, 0, Limits(wall_seconds=1))
+    result = _attack_and_check_host(source, 0, Limits(wall_seconds=2))
     count, errno = map(int, result.stdout.split())
     assert count < Limits().open_files and errno == 24  # EMFILE
 

@@ -320,14 +320,14 @@ def test_a_byte_at_a_time_writer_costs_the_trainer_little_cpu():
     """Attack: write stdout one byte at a time for 1.8 s, pausing between bytes so that the
     reader wakes for each (it did: 0.17-1.75 s of trainer CPU per 5 s run, 37-51 ms for this
     one on a loaded machine). Verdict: the reader coalesces (after a small read it waits 50 ms
-    or until the run ends): the trainer's own CPU for the run stays under 25 ms (about 10 ms
-    measured; an honest run costs 4-6 ms)."""
+    or until the run ends): the trainer's own CPU for the run stays under 30 ms (10-16 ms
+    measured; an honest run costs 4-11 ms)."""
     run_python("pass", "", Limits())
     start = time.process_time()
     result = run_python(BYTE_AT_A_TIME, "", Limits(wall_seconds=3))
     spent = time.process_time() - start
     assert result.ok and len(result.stdout) > 100, result.stderr
-    assert spent < 0.025, f"{spent:.3f} CPU-s of the trainer for one run"
+    assert spent < 0.03, f"{spent:.3f} CPU-s of the trainer for one run"
 
 
 # ---- forged unit-test verdicts --------------------------------------------------------------
