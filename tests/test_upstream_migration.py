@@ -276,3 +276,45 @@ def test_upstream_batch_keys_are_fitted_to_the_planned_processes(
     processes = data.get("num_processes", 7)
     assert per_step * processes == 4 * 6 * int(batch.split(": ")[1])  # upstream's per step
     assert f"{processes} training process(es)" in out
+
+
+def test_top_k_minus_one_and_research_keys_get_todays_spelling_or_a_note():
+    """-1 (vLLM's top-k off) is 0 in TRL 1.16 under both upstream names; research keys are left
+    out with what differs (pass@8, stop strings, truncated rewards)."""
+    source = FIXTURES / "upstream_maxent" / "paper_r1_research_keys.yaml"
+    text, changes = migrate_text(source.read_text(), str(source))
+    data = yaml.safe_load(text)
+    assert data["top_k"] == 0 and "gen_top_k" not in data and "vllm_top_k" not in data
+    left = {c.key for c in changes if c.left_out}
+    research = {"vllm_include_stop_str_in_output", "zero_truncated_completion_rewards"}
+    assert research | {"rich_log_completions", "seed_paper_eval_pass_at_8_samples"} <= left
+    differs = " ".join(behaviour_differences(changes))
+    assert "seed_paper_eval_pass_at_8_enabled" in differs and "num_samples: 8, k: 8" in differs
+    assert "zero_truncated_completion_rewards" in differs
+
+
+def test_the_evaluation_batch_is_refit_to_the_planned_processes():
+    source = FIXTURES / "open_r1" / "full_eval_on_7_trainers.yaml"
+    text, changes = migrate_text(source.read_text(), str(source), gpus=8)
+    assert yaml.safe_load(text)["per_device_eval_batch_size"] == 8  # 8 x 7 = 56: whole groups
+    (line,) = [c.text for c in changes if c.key == "per_device_eval_batch_size"]
+    assert "no exact fit: 28 completions per evaluation batch" in line and "8 x 7 = 56" in line
+    text, _ = migrate_text(source.read_text(), str(source))  # no plan: left as written
+    assert yaml.safe_load(text)["per_device_eval_batch_size"] == 4
+
+
+def test_a_training_batch_without_whole_groups_gets_the_nearest_and_why():
+    """1 x 6 trainers x 2 = 12 completions per step are no whole group of 16: the step keeps 12,
+    a generation grows to the nearest whole groups (48), and the change says so."""
+    recipe = (
+        "objective: grpo\nmodel_name_or_path: m\nuse_vllm: true\nvllm_mode: server\n"
+        "vllm_tensor_parallel_size: 2\nper_device_train_batch_size: 1\n"
+        "gradient_accumulation_steps: 2\nnum_generations: 16\noutput_dir: o\n"
+    )
+    text, changes = migrate_text(recipe, "r.yaml", gpus=8)
+    data = yaml.safe_load(text)
+    assert (data["per_device_train_batch_size"], data["gradient_accumulation_steps"]) == (1, 2)
+    assert data["steps_per_generation"] == 8 and (1 * 6 * 8) % 16 == 0
+    (change,) = [c for c in changes if c.key == "steps_per_generation"]
+    assert change.differs and "no exact fit: 12 completions per optimizer step" in change.text
+    assert "1 x 6 x 8 = 48 per generation (source 12)" in change.text

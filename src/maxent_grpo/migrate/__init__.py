@@ -6,7 +6,13 @@ One module per source format, all through one rule engine (engine.py):
 - older_trl.py: transformers 5 and TRL 1.16 rows, values whose meaning moved (top_k -1);
 - open_r1.py: open-r1's rows, its unchanged keys, its defaults that differ, its values with no
   counterpart;
-- upstream.py, upstream_values.py: upstream MaxEnt-GRPO's rows, converters, values and kept keys;
+- upstream.py, upstream_values.py, upstream_research.py: upstream MaxEnt-GRPO's rows, converters,
+  values, kept keys, research keys and top-k spellings;
+- verl.py (verl_script.py: a script's Hydra overrides or a YAML config as dotted keys;
+  verl_keys.py: verl's defaults and the fate of every key it does not map), prime_rl.py: whole
+  configs of other trainers written as a recipe anew (whole.py); command.py picks the format;
+- refit.py: the global batch re-fit to the planned processes (pure; layout.py applies it to
+  YAML recipes);
 - rewards.py: upstream's reward names (open-r1's judged rewards: rewards/code.py);
 - kinds.py: the kinds of rows (Migration, written with keywords through Rows; DefaultChange,
   ValueChange);
@@ -20,12 +26,12 @@ under its target's name, with a note), `maxent-grpo migrate` (engine.py) and the
 
 from __future__ import annotations
 
-from maxent_grpo.migrate import older_trl, open_r1, upstream, upstream_values
+from maxent_grpo.migrate import older_trl, open_r1, upstream, upstream_research, upstream_values
 from maxent_grpo.migrate.kinds import Migration
 
 #: key -> its migration (keys removed, renamed or aliased; see the module docstring).
 MIGRATIONS: dict[str, Migration] = {
-    m.key: m for m in (*older_trl.ROWS, *open_r1.ROWS, *upstream.ROWS)
+    m.key: m for m in (*older_trl.ROWS, *open_r1.ROWS, *upstream.ROWS, *upstream_research.ROWS)
 }
 
 #: alias -> the key it is read as.

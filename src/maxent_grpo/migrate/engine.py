@@ -27,7 +27,7 @@ from maxent_grpo.migrate.edits import (
 from maxent_grpo.migrate.entropy import migrate_entropy_bonus
 from maxent_grpo.migrate.era import era_pins, recipe_era
 from maxent_grpo.migrate.kinds import REMOVE, Migration, ValueChange
-from maxent_grpo.migrate.layout import fit_layout
+from maxent_grpo.migrate.layout import UPSTREAM_TRAINERS, fit_eval, fit_layout, fit_train
 from maxent_grpo.migrate.open_r1 import DEFAULT_CHANGES
 from maxent_grpo.migrate.upstream import ORIGIN as UPSTREAM
 from maxent_grpo.recipe.needs import ATTENTION_FALLBACK, ATTENTION_PACKAGES
@@ -244,6 +244,10 @@ def migrate_text(
     processes = _processes(recipe, gpus)
     if upstream and gpus is not None:  # upstream's batch keys were written for 6 trainers
         processes = fit_layout(edits, keys, recipe, processes)
+    if gpus is not None:  # the global batches, on the planned processes
+        source = UPSTREAM_TRAINERS if upstream else processes
+        fit_train(edits, keys, recipe, processes, source)
+        fit_eval(edits, keys, recipe, processes, source)
     rules.fixed_kl(edits, keys, recipe, processes)
     method = _method(recipe)
     if method == "maxent":

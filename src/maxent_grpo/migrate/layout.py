@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from maxent_grpo.migrate.edits import MARK, Change, Edits, Key, set_value, to_yaml
+from maxent_grpo.migrate.refit import refit_eval, refit_train
 from maxent_grpo.migrate.upstream import ORIGIN
 
 #: Training processes of upstream's layout (1 server and 6 trainers on 7 GPUs).
@@ -80,3 +81,59 @@ def fit_layout(edits: Edits, keys: dict[str, Key], recipe: dict[str, Any], proce
         _write(edits, keys, key, value, Change(key, False, text))
         recipe[key] = value
     return processes
+
+
+def fit_eval(
+    edits: Edits, keys: dict[str, Key], recipe: dict[str, Any], processes: int, source: int
+) -> None:
+    """The evaluation batch re-fit to `processes` (refit.py): the source's completions per
+    evaluation batch (per_device_eval_batch_size x its `source` processes) in whole groups of
+    the evaluation's num_generations, or the nearest, with the arithmetic in the change."""
+    if recipe.get("eval_strategy", "no") in (None, "no") or recipe.get("do_eval") is False:
+        return
+    size = _int(recipe, "per_device_eval_batch_size", 8)
+    group = _int(recipe, "num_generations_eval", 0) or _int(recipe, "num_generations", 8)
+    if None in (size, group) or (size * processes) % group == 0:
+        return
+    new, _, line = refit_eval(size * source, group, processes)
+    why = f"TRL evaluates whole groups of {group} on {processes} processes: {line}"
+    text = f"per_device_eval_batch_size: {size} -> {new} ({why})"
+    _write(
+        edits,
+        keys,
+        "per_device_eval_batch_size",
+        new,
+        Change("per_device_eval_batch_size", False, text),
+    )
+    recipe["per_device_eval_batch_size"] = new
+
+
+def fit_train(
+    edits: Edits, keys: dict[str, Key], recipe: dict[str, Any], processes: int, source: int
+) -> None:
+    """The training batch re-fit to `processes` (refit.py) where the recipe's keys make no
+    whole groups there: the source's completions per optimizer step (per-device batch x its
+    `source` processes x accumulation), per generation the same (TRL's default), or the nearest
+    whole groups, with the arithmetic in the changes."""
+    batch = _int(recipe, "per_device_train_batch_size", 8)
+    steps = _int(recipe, "gradient_accumulation_steps", 1)
+    group = _int(recipe, "num_generations", 8)
+    if None in (batch, steps, group) or {"steps_per_generation", "generation_batch_size"} & set(
+        recipe
+    ):
+        return
+    if (batch * processes * steps) % group == 0:
+        return
+    per_step = batch * source * steps
+    fit = refit_train(per_step, per_step, group, processes, cap=batch)
+    why = f"TRL trains whole groups of {group} on {processes} processes: " + "; ".join(fit.lines)
+    new = {
+        "per_device_train_batch_size": fit.per_device,
+        "gradient_accumulation_steps": fit.accumulation,
+        "steps_per_generation": fit.steps_per_generation,
+    }
+    for key, value in new.items():
+        if recipe.get(key) != value:
+            text = f"{key}: {to_yaml(recipe.get(key))} -> {value} ({why})"
+            _write(edits, keys, key, value, Change(key, False, text, not fit.exact))
+            recipe[key] = value

@@ -48,8 +48,8 @@ def _nearest_train(per_step: int, per_generation: int, group: int, processes: in
         accumulation = min(_divisors(steps), key=lambda d: abs(d - per_step / processes))
     why = (
         f"no exact fit: {per_step} completions per optimizer step and {per_generation} per "
-        f"generation do not split into whole groups of {group} over {processes} processes "
-        f"(both must be multiples of {processes} x the per-device batch)"
+        f"generation make no whole groups of {group} as per-device batch x {processes} "
+        "processes x micro-steps"
     )
     fit_step, fit_gen = processes * accumulation, processes * steps
     line = (

@@ -68,8 +68,6 @@ ROWS = (
     # --- same effect under TRL's name ------------------------------------------------------
     UP.rename("gen_temperature", to="temperature", why="TRL's sampling temperature"),
     UP.rename("gen_top_p", to="top_p", why="TRL's nucleus sampling"),
-    UP.rename("gen_top_k", to="top_k", why="TRL's top-k (0: off, as upstream)"),
-    UP.rename("vllm_top_k", to="top_k", why="TRL's top-k (0: off)"),
     UP.rename("clip_range", to="epsilon", why="TRL's PPO clip range"),
     UP.rename("ppo_clip_range", to="epsilon", why="TRL's PPO clip range"),
     UP.rename("ppo_ppo_clip_range", to="epsilon", why="a misspelt ppo_clip_range"),
