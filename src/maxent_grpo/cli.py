@@ -84,6 +84,15 @@ def _add_allocation_args(parser: argparse.ArgumentParser) -> None:
     ):
         parser.add_argument(flag, default=None, help=what)
     parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="first rehearse the recipe on this machine (maxent-grpo rehearse); queue nothing "
+        "when a row of its passport fails",
+    )
+    parser.add_argument(
+        "--rehearse-steps", type=int, default=4, help="steps of that rehearsal (default 4)"
+    )
+    parser.add_argument(
         "--signal-lead",
         type=int,
         default=300,
@@ -339,6 +348,8 @@ def _run(args) -> int:
 
         request = _request(args)
         return evaluate_main(request, args.checkpoint, args.step, args.benchmark, args.queued)
+    if getattr(args, "rehearse", False) and (code := _rehearse_first(args)):
+        return code
     if args.command == "sweep":
         from maxent_grpo.launch.sweep import main as sweep_main  # sweep only
 
@@ -368,6 +379,12 @@ def _run(args) -> int:
         print(ensure_tiny_model(args.out or DEFAULT_TINY_MODEL_DIR))
         return 0
     raise AssertionError(args.command)
+
+
+def _rehearse_first(args) -> int:
+    from maxent_grpo.launch.rehearse import rehearse_first  # --rehearse only
+
+    return rehearse_first(_request(args), args)
 
 
 def _report(args) -> int:

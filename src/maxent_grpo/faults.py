@@ -13,7 +13,9 @@ while the chaos campaign, bench/chaos.py, puts its fault in at exactly that mome
 Points: train_start (before step 1), step_begin (inside a step), checkpoint_partial (model
 written, optimizer not yet), checkpoint_unmarked (all files written, marker not yet),
 final_save (final model written, completion marker not yet), resume_restart (`skip`: start
-from scratch instead of resuming from the last complete checkpoint; the GPU kit's test).
+from scratch instead of resuming from the last complete checkpoint; the GPU kit's test),
+data_order (`skip`: the train sampler is seeded off by one, so it draws another order;
+`maxent-grpo rehearse`'s test of its data-order row).
 The moments of a run's life, for the chaos campaign: generation and scoring (the step's
 rollouts, before they are generated and before they are scored), weight_push (before the
 trainer's weights go to the vLLM server), optimizer_step (gradients done, before the update),

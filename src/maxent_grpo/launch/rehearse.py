@@ -108,11 +108,13 @@ def main(request, gpus: int | None, nodes: int, steps: int, out: str | None) -> 
     recipe = folder / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(shrunk.values, sort_keys=False))
     record.update(_static(recipe, request.method, original, node))
-    if "error" not in record["check"] and "error" not in record.get("build", {}):
+    if plan.exit_code(plan.passport(record)) == 0:
         record.update(_trained(recipe, folder, shrunk.values, steps, node))
         record["rewards"] = {**record.get("rewards", {}), **record.pop("rewards_training", {})}
         if "tools" in record:
             record["tools"].update(record.pop("tools_training", {}))
+    else:  # what the rows below say fails before any training: fix that first
+        record["resume"] = {"skipped": "training not run: fix the failing rows first"}
     rows = plan.passport(record)
     wall = time.monotonic() - start
     print(plan.table(rows))
@@ -171,14 +173,17 @@ def _env(draws: Path, failpoint: bool = False) -> dict:
     return env
 
 
-def _launch(recipe: Path, output: Path, logs: Path, env: dict, stop_after: int | None):
+def _launch(recipe: Path, output: Path, logs: Path, env: dict, stop_after: int | None, extra=()):
     """`maxent-grpo run` of the rehearsal's recipe into `output`; with stop_after, SIGUSR1 to
     the launcher once that step is logged. Returns the exit code (None: it ran out of time)."""
     logs.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "maxent_grpo.cli", "run", "--config", str(recipe)]
-    command += ["--logs-dir", str(logs), "--", "--output_dir", str(output)]
+    command += ["--logs-dir", str(logs), "--", "--output_dir", str(output), *extra]
     with open(logs / "launcher.out", "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # its own session: on a timeout or an interrupt here, its whole tree can be stopped
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
     try:
         while stop_after is not None and proc.poll() is None and time.monotonic() < deadline:
@@ -191,13 +196,24 @@ def _launch(recipe: Path, output: Path, logs: Path, env: dict, stop_after: int |
     except subprocess.TimeoutExpired:
         return None
     finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """A launcher still running: SIGINT twice (its "stop everything now"), then its session."""
+    for _ in range(2):
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
-            proc.send_signal(signal.SIGINT)  # the second: stop everything now
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            time.sleep(2)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever of its session is left
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 def _step_events(output: Path, since: int = 0) -> list[dict]:
@@ -209,7 +225,13 @@ def _trained(recipe: Path, folder: Path, values: dict, steps: int, node) -> dict
     whole, stopped = folder / "outputs" / "uninterrupted", folder / "outputs" / "interrupted"
     logs, draws = folder / "logs", folder / "draws"
     print(f"training: {steps} steps uninterrupted, then stopped by SIGUSR1 and resumed")
-    rc = _launch(recipe, whole, logs / "uninterrupted", _env(draws / "uninterrupted"), None)
+    # The reference only draws prompts (the sampler does not depend on who generates): it
+    # generates in the trainers, and one vLLM server start (minutes on a busy CPU) is saved.
+    server = values.get("use_vllm") and values.get("vllm_mode") == "server"
+    extra = ("--use_vllm", "false") if server else ()
+    if server:
+        print("  the uninterrupted reference generates in the trainers (--use_vllm false)")
+    rc = _launch(recipe, whole, logs / "uninterrupted", _env(draws / "uninterrupted"), None, extra)
     if rc != 0:
         return {"resume": {"error": _failed("the uninterrupted rehearsal", rc, logs)}}
     stop_code = _launch(recipe, stopped, logs / "first", _env(draws / "first"), 1)
@@ -221,7 +243,7 @@ def _trained(recipe: Path, folder: Path, values: dict, steps: int, node) -> dict
     rc = _launch(recipe, stopped, logs / "resumed", env, None)
     if rc != 0:
         return {"resume": {"error": _failed("the resumed attempt", rc, logs)}}
-    events = _step_events(whole)
+    events = _step_events(stopped)  # both attempts: every step, with the recipe's server
     resumed = _step_events(stopped, before)
     found = {
         "resume": {
@@ -331,3 +353,15 @@ def _push(metrics: list[dict]) -> dict:
             " is off)"
         }
     return {"syncs": syncs, "max_logp_diff": diffs, "tolerance": TOLERANCE}
+
+
+def rehearse_first(request, args) -> int:
+    """`sbatch|submit|sweep --rehearse`: the rehearsal for the requested allocation; non-zero
+    when a row fails (then nothing is queued)."""
+    code = main(request, args.gpus, args.nodes, args.rehearse_steps, None)
+    if code:
+        print(
+            f"not queued: the rehearsal of {request.recipe} failed (the fix lines above)",
+            file=sys.stderr,
+        )
+    return code

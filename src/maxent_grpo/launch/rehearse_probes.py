@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from maxent_grpo.errors import UserError
+
 PROBE_ROWS = 8  # real rows each reward is scored on
 PROMPT_ROWS = 256  # prompts measured through the chat template
 CODE_REWARDS = {"code", "binary_code", "python_unit_tests"}
@@ -103,8 +105,11 @@ def prompt_fit(script, training, model, original: dict, train_rows, tiny: str) -
     tokenizer = AutoTokenizer.from_pretrained(source if local else tiny)
     if training.chat_template is not None:
         tokenizer.chat_template = training.chat_template
-    tools = get_tools(script.tools, script.tool_settings())
-    environment = get_environment(script.environment, script.tool_settings())
+    try:
+        tools = get_tools(script.tools, script.tool_settings())
+        environment = get_environment(script.environment, script.tool_settings())
+    except UserError:  # the tools row says why; the prompts are measured without them
+        tools, environment = [], None
     schemas = schema_tools(tools, environment) or None
     lengths = []
     for i in range(min(PROMPT_ROWS, len(train_rows))):
@@ -146,7 +151,6 @@ def tool_probe(script) -> dict | None:
     program; others: their schema's first string argument)."""
     if not (script.tools or script.environment):
         return None
-    from maxent_grpo.errors import UserError  # tools only
     from maxent_grpo.rewards.environments import get_environment  # imports transformers
     from maxent_grpo.rewards.tools import get_tools  # imports transformers
 

@@ -10,6 +10,8 @@ which gives the uninterrupted run's order on every path (and bare TRL's, when no
 
 from __future__ import annotations
 
+from maxent_grpo.faults import failpoint
+
 
 def epoch_seeded(sampler, current_epoch):
     """`sampler` (a RepeatSampler) whose generator is set for `current_epoch()` at each pass."""
@@ -24,7 +26,8 @@ def epoch_seeded(sampler, current_epoch):
             return len(sampler)
 
         def __iter__(self):
-            sampler.generator.manual_seed(sampler.seed)
+            # failpoint data_order (`skip`): seeded off by one, another order (rehearse's test)
+            sampler.generator.manual_seed(sampler.seed + failpoint("data_order"))
             for _ in range(current_epoch()):  # one permutation per epoch (RepeatSampler.__iter__)
                 torch.randperm(sampler.num_samples, generator=sampler.generator)
             return iter(sampler)

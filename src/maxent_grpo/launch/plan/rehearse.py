@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from math import gcd
 from pathlib import Path
 
 TRAINERS = 2  # CPU training processes of a rehearsal
@@ -39,7 +38,9 @@ class Shrunk:
 
 
 def _is_local_source(name: str) -> bool:
-    return name.startswith(_LOCAL_PREFIXES) or Path(name).exists()
+    """data/sources.py's rule: builtin, a path prefix, a data file's suffix, or on disk."""
+    suffix = Path(name).suffix.lower() in (".json", ".jsonl", ".csv", ".parquet", ".txt")
+    return name.startswith(_LOCAL_PREFIXES) or suffix or Path(name).exists()
 
 
 def shrink(values: dict, node: Node, steps: int) -> Shrunk:
@@ -117,13 +118,13 @@ def _shrink_layout(out: dict, node: Node, change, drop) -> None:
 
 
 def _shrink_batch(out: dict, change) -> None:
-    """A per-device batch that divides into groups on TRAINERS processes (TRL's rule)."""
+    """A per-device batch of at most one group, that divides into groups on TRAINERS processes
+    (TRL's rule: batch x processes x accumulation is a multiple of num_generations)."""
     generations = int(out.get("num_generations") or 8)
     accumulation = int(out.get("gradient_accumulation_steps") or 1)
-    smallest = generations // gcd(generations, TRAINERS * accumulation)
     batch = int(out.get("per_device_train_batch_size") or 8)
     if batch > generations or (batch * TRAINERS * accumulation) % generations:
-        change("per_device_train_batch_size", smallest, f"groups of {generations} on 2 CPUs")
+        change("per_device_train_batch_size", generations, f"groups of {generations} on 2 CPUs")
     for key in ("generation_batch_size", "steps_per_generation"):
         if key in out:
             change(key, None, "follows the rehearsal's batch")
@@ -304,6 +305,8 @@ def _push_row(push: dict) -> Row:
 
 
 def _resume_rows(resume: dict) -> list[Row]:
+    if resume.get("skipped"):
+        return [Row("resume", None, resume["skipped"])]
     if resume.get("error"):
         return [Row("resume", False, "the rehearsal did not run to its end", resume["error"])]
     saved, first = resume["saved_step"], resume["first_resumed_step"]
