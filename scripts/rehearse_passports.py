@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+from maxent_grpo.launch.plan import rehearse as plan  # noqa: E402 - after the path
+
 PAGE = ROOT / "docs" / "rehearsals.md"
 # name -> (recipe, extra arguments)
 RECIPES = {
@@ -31,10 +34,10 @@ RECIPES = {
 MARK = {True: "ok", False: "**FAIL**", None: "n/a"}
 
 
-def rehearse(name: str, recipe: str, extra: list[str]) -> None:
+def rehearse(name: str, recipe: str, extra: list[str], flags: list[str]) -> None:
     out = ROOT / "outputs" / "rehearse" / name
     command = [sys.executable, "-m", "maxent_grpo.cli", "rehearse", "--config", recipe]
-    command += [*extra, "--out", str(out)]
+    command += [*extra, *flags, "--out", str(out)]
     print("+", " ".join(command), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     subprocess.run(command, cwd=ROOT, env=env, timeout=3600, check=False)
@@ -45,12 +48,16 @@ def section(name: str, recipe: str, extra: list[str]) -> list[str]:
     if not path.is_file():
         return [f"## `{recipe}`", "", f"Not rehearsed yet (no {path.relative_to(ROOT)}).", ""]
     passport = json.loads(path.read_text())
+    # the rows from what the rehearsal recorded, by today's row logic
+    passport["rows"] = [row.as_json() for row in plan.passport(passport["record"])]
+    extra = [*extra, *passport.get("flags", [])]
     command = " ".join(["maxent-grpo rehearse --config", recipe, *extra])
     lines = [f"## `{recipe}`", "", f"`{command}`: {passport['wall_s']:.0f} s wall.", ""]
     lines += ["| | row | seen |", "|---|---|---|"]
     for row in passport["rows"]:
         seen = row["seen"] + (f" — fix: {row['fix']}" if row["fix"] else "")
-        lines.append(f"| {MARK[row['ok']]} | {row['row']} | {seen.replace('|', '/')} |")
+        seen = seen.replace(f"{ROOT}/", "").replace("|", "/")
+        lines.append(f"| {MARK[row['ok']]} | {row['row']} | {seen} |")
     lines += ["", "What the rehearsal changed:", ""]
     lines += [f"- `{change}`" for change in passport["changes"]] + [""]
     return lines
@@ -78,11 +85,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--render", action="store_true", help="only write the page")
     parser.add_argument("--only", action="append", help="rehearse only NAME (repeatable)")
+    parser.add_argument("--no-server", action="store_true", help="passed to rehearse")
     args = parser.parse_args()
     if not args.render:
         for name, (recipe, extra) in RECIPES.items():
             if not args.only or name in args.only:
-                rehearse(name, recipe, extra)
+                rehearse(name, recipe, extra, ["--no-server"] if args.no_server else [])
     render()
     return 0
 

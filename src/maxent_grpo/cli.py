@@ -214,6 +214,12 @@ def _add_rehearse_command(sub) -> None:
     rehearse.add_argument(
         "--out", default=None, help="folder (default: outputs/rehearse/<recipe's path>)"
     )
+    rehearse.add_argument(
+        "--no-server",
+        action="store_true",
+        help="generate in the trainers even where vLLM's CPU build is installed (faster; the "
+        "weight-push row is then not run)",
+    )
 
 
 def _add_eval_command(sub) -> None:
@@ -374,7 +380,8 @@ def _run(args) -> int:
     if args.command == "rehearse":
         from maxent_grpo.launch.rehearse import main as rehearse_main  # rehearse only
 
-        return rehearse_main(_request(args), args.gpus, args.nodes, args.steps, args.out)
+        request, server = _request(args), not args.no_server
+        return rehearse_main(request, args.gpus, args.nodes, args.steps, args.out, server)
     if args.command == "tiny-model":
         print(ensure_tiny_model(args.out or DEFAULT_TINY_MODEL_DIR))
         return 0

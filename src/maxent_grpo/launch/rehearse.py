@@ -82,7 +82,9 @@ def _check(request, gpus, nodes) -> dict:
     return {"verdict": f"valid for {where}", "plan": where}
 
 
-def main(request, gpus: int | None, nodes: int, steps: int, out: str | None) -> int:
+def main(
+    request, gpus: int | None, nodes: int, steps: int, out: str | None, server: bool = True
+) -> int:
     """Rehearse request.recipe; print the passport; 0 when every row holds, 1 otherwise."""
     from maxent_grpo.tiny_model import (
         DEFAULT_TINY_MODEL_DIR,
@@ -98,7 +100,7 @@ def main(request, gpus: int | None, nodes: int, steps: int, out: str | None) -> 
     print(f"rehearse {request.recipe}: {record['check'].get('verdict', 'fails check')}")
     node = plan.Node(
         tiny_model=str(ensure_tiny_model(DEFAULT_TINY_MODEL_DIR).resolve()),
-        vllm=importlib.util.find_spec("vllm") is not None,
+        vllm=server and importlib.util.find_spec("vllm") is not None,
         hub=hub_reachable(),
     )
     original = _values(request)
@@ -122,6 +124,7 @@ def main(request, gpus: int | None, nodes: int, steps: int, out: str | None) -> 
     passport = {
         "recipe": request.recipe,
         "planned_for": {"gpus": gpus, "nodes": nodes},
+        "flags": [] if server else ["--no-server"],
         "changes": list(shrunk.changes),
         "rows": [row.as_json() for row in rows],
         "wall_s": round(wall, 1),
