@@ -17,6 +17,8 @@ bubblewrap (``bwrap``) sandbox (its parts in :mod:`maxent_grpo.rewards.bwrap`) w
   keyring calls, BPF, perf, io_uring, memory files and shared memory, sockets but AF_UNIX, and
   what reaches the host's files through the read-only binds (fanotify, locks, leases,
   fadvise, mincore, ...: ``bwrap._DENIED_X86_64``);
+- a cgroup leaf per run where one can be made (:mod:`maxent_grpo.rewards.cgroup`: memory,
+  kernel memory included, and processes), else one warning line saying so;
 - rlimits set before exec (CPU, address space, file size, open files, no core files); the
   program is pid 1 of its PID namespace, and is killed through a pidfd after every run, which
   ends the namespace (``bwrap.LIFETIME``);
