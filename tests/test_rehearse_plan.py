@@ -68,6 +68,14 @@ def test_tools_keep_a_longer_episode_and_the_recipes_chat_template():
     assert any(line.startswith("chat_template:") for line in shrunk.changes)
 
 
+def test_tools_without_a_chat_template_get_one_that_renders_tool_calls():
+    node = Node("/m/tiny", vllm=False, hub=False, tool_template="{{ tools }}")
+    shrunk = shrink({"tools": ["python"]}, node, steps=3)
+    assert shrunk.values["chat_template"] == "{{ tools }}"
+    assert any("qwen2_5.jinja" in line for line in shrunk.changes)
+    assert "chat_template" not in shrink({}, node, steps=3).values
+
+
 def _record(**over):
     record = {
         "check": {"verdict": "valid for 7 training process(es) on gpu"},

@@ -103,6 +103,7 @@ def main(
         tiny_model=str(ensure_tiny_model(DEFAULT_TINY_MODEL_DIR).resolve()),
         vllm=server and importlib.util.find_spec("vllm") is not None,
         hub=hub_reachable(),
+        tool_template=_tool_template(),
     )
     original = _values(request)
     shrunk = plan.shrink(original, node, steps)
@@ -133,6 +134,16 @@ def main(
     }
     (folder / "passport.json").write_text(json.dumps(passport, indent=1, default=str))
     return plan.exit_code(rows)
+
+
+def _tool_template() -> str:
+    """TRL's Qwen2.5 chat template: it renders tool calls, and TRL parses them back."""
+    from importlib.resources import files
+
+    try:
+        return (files("trl") / "chat_templates" / "qwen2_5.jinja").read_text()
+    except (ModuleNotFoundError, OSError):
+        return ""
 
 
 def _static(recipe: Path, method, original: dict, node) -> dict:

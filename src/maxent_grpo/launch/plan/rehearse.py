@@ -29,6 +29,7 @@ class Node:
     tiny_model: str  # the tiny local model's directory
     vllm: bool  # vLLM's CPU build is installed
     hub: bool  # the hub can be reached
+    tool_template: str = ""  # a chat template that renders tool calls (TRL's Qwen2.5 one)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,12 @@ def shrink(values: dict, node: Node, steps: int) -> Shrunk:
         change("model_name_or_path", node.tiny_model, "the tiny local model; its tokenizer too")
     if "chat_template" in out:
         changes.append("chat_template: the recipe's own, kept (rendered by the tiny tokenizer)")
+    elif (out.get("tools") or out.get("environment")) and node.tool_template:
+        out["chat_template"] = node.tool_template
+        changes.append(
+            "chat_template: the model's -> TRL's qwen2_5.jinja (the tiny tokenizer's own "
+            "cannot render tool calls; the recipe's model is not on this disk)"
+        )
     drop("model_revision", "a local model")
     drop("init_from", "the rehearsal starts from the tiny model")
     change("dtype", "float32", "CPU")
