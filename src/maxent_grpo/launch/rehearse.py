@@ -355,7 +355,8 @@ def _training_records(events: list[dict], values: dict, node) -> dict:
     if values.get("use_vllm") and values.get("vllm_mode") == "server":
         out["push"] = _push(metrics)
     elif node is not None and not node.vllm and values.get("vllm_mode") == "server":
-        out["push"] = {"skipped": "not run: vLLM's CPU build is not installed here"}
+        why = "not run: no vLLM CPU server in this rehearsal (no vLLM CPU build, or --no-server)"
+        out["push"] = {"skipped": why}
     return out
 
 
