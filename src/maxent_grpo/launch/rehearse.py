@@ -138,7 +138,7 @@ def main(
 
 def _tool_template() -> str:
     """TRL's Qwen2.5 chat template: it renders tool calls, and TRL parses them back."""
-    from importlib.resources import files
+    from importlib.resources import files  # tools recipes only
 
     try:
         return (files("trl") / "chat_templates" / "qwen2_5.jinja").read_text()
