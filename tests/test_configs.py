@@ -271,7 +271,8 @@ def test_keys_are_read_once_and_built_for_any_world_size(tmp_path):
 
 @pytest.mark.parametrize("timeout, ok", [(1799, True), (1800, False)])
 def test_server_wait_must_end_before_the_other_ranks_give_up(tmp_path, timeout, ok):
-    from maxent_grpo.recipe.checks import check_keys, check_server_wait
+    from maxent_grpo.recipe.checks import check_keys
+    from maxent_grpo.recipe.rules import check_server_wait
 
     path = write_recipe(tmp_path, base=SMOKE_VLLM, vllm_server_timeout=timeout)
     keys = read_recipe(["--config", str(path)])

@@ -36,7 +36,8 @@ def problems_of(argv, **kwargs) -> tuple[str, ...]:
 
 def test_check_reports_every_problem_then_the_count(tmp_path):
     """Every problem the schema and the launcher's checks find, in one run that imports no TRL
-    (prepare, launch/launcher.py); the built sections' rules once the keys read cleanly."""
+    (prepare, launch/launcher.py): the rules across keys (recipe/rules.py) included, which
+    the built sections run again once the keys read cleanly."""
     kl_rule = "kl_target: 0.05\n"  # rule: kl_target without kl_horizon (GRPOConfig's)
     path = recipe(
         tmp_path,
@@ -49,7 +50,7 @@ def test_check_reports_every_problem_then_the_count(tmp_path):
     result = run([MAXENT_GRPO, "check", "--config", path], timeout=300)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
-    assert lines[-1] == f"4 problems in {path}"
+    assert lines[-1] == f"5 problems in {path}"
     problems = lines[:-1]
     assert all(line.startswith(f"error: {path}: ") for line in problems), lines
     expected = [
@@ -58,6 +59,7 @@ def test_check_reports_every_problem_then_the_count(tmp_path):
         "key 'vllm_server_timeout': 0.0 is invalid (must be > 0)",
         "key 'torch_dtype' (transformers 5): renamed to dtype (TRL's ModelConfig); "
         "use dtype: float32 instead",
+        "kl_horizon: not set; an adaptive beta needs both kl_target and kl_horizon",
     ]
     for fragment in expected:
         assert sum(fragment in line for line in problems) == 1, (fragment, lines)
@@ -251,13 +253,14 @@ def test_grpo_adaptive_kl_rules(tmp_path):
 
 def test_a_data_problem_does_not_stop_the_later_checks(tmp_path):
     """check_recipe: the loader's DataError (a missing local file) is one problem among the
-    others; the rules after it (here the trainer's sync_ref_model with beta 0) still run."""
+    others; the rules after it (here output_dir's) still run."""
     from maxent_grpo.preflight import check_recipe
 
     missing = tmp_path / "missing.jsonl"
-    path = recipe(tmp_path, dataset_name=str(missing), sync_ref_model=True, beta=0.0)
+    (tmp_path / "a-file").write_text("")
+    path = recipe(tmp_path, dataset_name=str(missing), output_dir=str(tmp_path / "a-file" / "x"))
     with pytest.raises(ConfigProblems) as info:
         check_recipe(parse_recipe(["--config", path]))
     lines = info.value.problems
     assert [str(missing) in line for line in lines] == [True, False], lines
-    assert "sync_ref_model: true with beta 0" in lines[1], lines
+    assert "a-file is a file" in lines[1], lines

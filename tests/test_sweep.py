@@ -305,3 +305,32 @@ def test_an_array_outlives_a_failed_node_only_when_every_point_has_several_serve
     assert cli.main([*argv, "--grid", f"vllm_nodes={nodes}"]) == 0, capsys.readouterr().err
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("dry run:")]
     assert ("--no-kill" in line.split()) == no_kill
+
+
+def test_grid_flag_refuses_where_each_point_writes(tmp_path, monkeypatch, capsys):
+    """--grid refuses output_dir as the sweep: section does (each point sets its own)."""
+    called = fake_sbatch(tmp_path, monkeypatch)
+    argv = ["sweep", "--config", str(SMOKE), "--grid", "output_dir=[a,b]", "--dry-run"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --grid key 'output_dir': each point sets its own; drop it"], err
+    assert not called.exists()
+
+
+def test_a_cpu_recipe_asks_slurm_for_no_gpu(tmp_path, monkeypatch, capsys):
+    """A use_cpu recipe (CPU training, no vLLM on a GPU): --gres=none, not the --gpus default
+    (training.sh's header asks for 8); a recipe whose server runs on a GPU keeps --gres=gpu:N."""
+    fake_sbatch(tmp_path, monkeypatch)
+    argv = ["sweep", "--config", str(SMOKE), "--grid", "seed=[1]", "--dry-run"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert " --gres=none " in out and "--gres=gpu" not in out, out
+    from maxent_grpo.launch.launcher import prepare
+    from maxent_grpo.launch.sbatch import fit_gpu_request, planned_environment
+
+    gpu_server = ("--use_vllm", "true", "--vllm_mode", "server", "--use_cpu", "false")
+    request = RunRequest(recipe=str(SMOKE), overrides=gpu_server)
+    prepared = prepare(request, environment=planned_environment(1, 2), packages=False)
+    command = ["sbatch", "--gres=gpu:2", "training.sh"]
+    fit_gpu_request(command, prepared)
+    assert command == ["sbatch", "--gres=gpu:2", "training.sh"]

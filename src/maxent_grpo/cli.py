@@ -302,12 +302,22 @@ def _add_runs_commands(sub) -> None:
     plot.add_argument(
         "run",
         nargs="*",
-        help="run name (looked up under --outputs) or an output directory; several: one figure",
+        help="run name (looked up under --dir) or an output directory; several: one figure",
     )
     plot.add_argument("--sweep", default=None, help="the points of sweep NAME in one figure")
     plot.add_argument("--out", default=None, help="PNG file (default: <output_dir>/<run>.png)")
     plot.add_argument("--csv", default=None, help="CSV file (default: the PNG's name, .csv)")
-    plot.add_argument("--outputs", default="outputs", help="where run names are looked up")
+    plot.add_argument(
+        "--dir",
+        dest="outputs",
+        default="outputs",
+        metavar="DIR",
+        help="where run names are looked up (default: outputs), as for runs",
+    )
+    # plot's spelling until 0.x: still read, no longer shown (`--dir`, as `runs` takes it)
+    plot.add_argument(
+        "--outputs", dest="outputs", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
     logs = sub.add_parser(
         "logs", help="a run's last attempt's logs by component (train, vllm, ...)"
     )

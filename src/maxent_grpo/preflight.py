@@ -24,10 +24,9 @@ from maxent_grpo.recipe.checks import (
     check_model_path,
     check_output_dir,
     check_reference_model,
-    check_server_wait,
-    check_trainer_values,
 )
 from maxent_grpo.recipe.problems import collecting
+from maxent_grpo.recipe.rules import check_model_rules
 
 
 def check_rewards(script_args, training_args) -> tuple[list, type | None]:
@@ -224,10 +223,11 @@ def check_recipe(recipe: Recipe) -> Recipe:
         if training is not None:
             with problems.check("output_dir"):
                 check_output_dir(training.output_dir)
-        if rl and training is not None:
-            with problems.check("vllm_server_timeout"):
-                check_server_wait(training)
-            check_trainer_values(training, recipe.model)
+        if rl and training is not None and recipe.model is not None:
+            # the rules across training and model keys (recipe/rules.py; the training
+            # section's own ran when it was built)
+            with problems.check("use_peft"):
+                check_model_rules(training, recipe.model)
     if script is None:  # not built (its problems are collected outside): nothing to replace
         return recipe
     script = dataclasses.replace(script, dataset_mixture=mixture)

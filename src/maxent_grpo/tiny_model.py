@@ -20,6 +20,21 @@ from pathlib import Path
 TINY_MODEL_VERSION = 1
 DEFAULT_TINY_MODEL_DIR = Path(".cache") / "models" / "tiny-qwen2"
 
+
+def checked_tiny_model_dir(cwd: Path | None = None) -> Path:
+    """Where `check` and `plan` find (or make) the tiny model of a recipe that names
+    DEFAULT_TINY_MODEL_DIR: this folder's when it is there, else the project's .cache (the
+    checkout this package runs from; an installed package: ~/.cache/maxent-grpo). A check
+    writes nothing in the folder it is run from; the run makes the model where it starts."""
+    here = (cwd or Path.cwd()) / DEFAULT_TINY_MODEL_DIR
+    if (here / "config.json").is_file():
+        return DEFAULT_TINY_MODEL_DIR
+    project = Path(__file__).resolve().parents[2]
+    if (project / "pyproject.toml").is_file():
+        return project / DEFAULT_TINY_MODEL_DIR
+    return Path.home() / ".cache" / "maxent-grpo" / "models" / "tiny-qwen2"
+
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}"

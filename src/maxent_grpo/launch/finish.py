@@ -30,7 +30,8 @@ from maxent_grpo.rundir.checkpoints import (
     stop_request_reason,
     stop_requested,
 )
-from maxent_grpo.rundir.events import emit
+from maxent_grpo.rundir.events import emit, read_events
+from maxent_grpo.rundir.summary import run_summary
 
 
 class Finish:
@@ -77,6 +78,8 @@ class Finish:
         if outcome.kind == "completed":
             print(f"model: {self.output_dir}")
             self._emit_outcome(outcome.kind, outcome.reason, 0)
+            checkpoint = last_complete_checkpoint(self.output_dir)
+            print(run_summary(list(read_events(self.output_dir)), checkpoint), flush=True)
             return 0
         checkpoint = last_complete_checkpoint(self.output_dir)
         if outcome.kind in STOP_CLASSES:

@@ -24,7 +24,11 @@ from maxent_grpo.recipe import RecipeKeys, build_recipe, read_recipe
 from maxent_grpo.recipe.checks import check_keys
 from maxent_grpo.recipe.problems import collecting, rule
 from maxent_grpo.timers import timed
-from maxent_grpo.tiny_model import DEFAULT_TINY_MODEL_DIR, ensure_tiny_model
+from maxent_grpo.tiny_model import (
+    DEFAULT_TINY_MODEL_DIR,
+    checked_tiny_model_dir,
+    ensure_tiny_model,
+)
 
 
 @dataclass(frozen=True)
@@ -117,8 +121,12 @@ def prepare(
         with timed("prepare: check_installed"), rule(keys.path):
             check_installed(keys.path, keys.values)
     if keys.model_name_or_path and Path(keys.model_name_or_path) == DEFAULT_TINY_MODEL_DIR:
+        tiny = DEFAULT_TINY_MODEL_DIR
+        if full or not packages:  # check, plan: nothing is written where they are run
+            tiny = checked_tiny_model_dir()
+            keys = keys.with_values(model_name_or_path=str(tiny))
         with timed("prepare: ensure_tiny_model"):
-            ensure_tiny_model(DEFAULT_TINY_MODEL_DIR)
+            ensure_tiny_model(tiny)
     with timed("prepare: free ports"):
         vllm_port = overrides.vllm_port or free_port()
         ports = Ports(vllm_port, free_port(), free_port(), reward_model=free_port())

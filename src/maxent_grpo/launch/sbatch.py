@@ -129,6 +129,22 @@ def node_loss_options(*prepared: Prepared) -> list[str]:
     return ["--no-kill"] if several else []
 
 
+def uses_gpus(*prepared: Prepared) -> bool:
+    """Whether a job's plans (a sweep's: one per point) train or serve on a GPU: a use_cpu
+    recipe with a CPU server asks Slurm for none (--gres=none, which overrides training.sh's
+    header), or it would wait for GPUs it never touches."""
+    return any(
+        one.plan.device == "gpu" or any(s.device == "gpu" for s in one.plan.servers)
+        for one in prepared
+    )
+
+
+def fit_gpu_request(command: list[str], *prepared: Prepared) -> None:
+    """The command's --gres=gpu:N becomes --gres=none when no plan uses a GPU (uses_gpus)."""
+    if prepared and not uses_gpus(*prepared):
+        command[:] = ["--gres=none" if f.startswith("--gres=") else f for f in command]
+
+
 def submit_sbatch(request: RunRequest, args, command: list[str]) -> str:
     """Check, then queue; returns the job id. sbatch's own refusal is one line too. Adds the
     plan's node-loss options to `command` (node_loss_options), so the printed command has them."""
@@ -137,6 +153,7 @@ def submit_sbatch(request: RunRequest, args, command: list[str]) -> str:
     # refused before the job waits in the queue, not when it starts.
     prepared, _ = check_for(request, planned_environment(args.nodes, args.gpus))
     command[1:1] = node_loss_options(prepared)
+    fit_gpu_request(command, prepared)
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
         reason = " ".join(result.stderr.split()) or f"exit code {result.returncode}"

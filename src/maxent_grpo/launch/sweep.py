@@ -31,6 +31,7 @@ from maxent_grpo.launch.attempt import declared_output_dir
 from maxent_grpo.launch.launcher import Prepared, RunRequest
 from maxent_grpo.launch.sbatch import (
     check_for,
+    fit_gpu_request,
     node_loss_options,
     planned_environment,
     require_slurm,
@@ -38,7 +39,7 @@ from maxent_grpo.launch.sbatch import (
 )
 from maxent_grpo.launch.slurm import SWEEP_ENV
 from maxent_grpo.recipe.parser import load_recipe_file, read_recipe
-from maxent_grpo.recipe.sweep_section import SweepSection
+from maxent_grpo.recipe.sweep_section import SweepSection, check_grid_key
 from maxent_grpo.rundir.sweeps import (
     POINTS_SUFFIX,
     SWEEP_JOB_NAME,
@@ -181,6 +182,7 @@ def command_grid(texts: list[str] | None) -> dict[str, list[str]]:
     grid: dict[str, list[str]] = {}
     for text in texts or []:
         for key, values in parse_grid(text).items():
+            check_grid_key(key, "--grid")  # as the sweep: section refuses it
             if key in grid:
                 raise UserError(f"--grid: key {key!r} appears twice; give its values once")
             grid[key] = values
@@ -220,6 +222,7 @@ def main(request: RunRequest, args) -> int:
         print(f"  {index}  {point.name}  {shown}  -> {point.output_dir}")
     command = sweep_command(request, args, path, len(points), sweep)
     command[1:1] = node_loss_options(*prepared)
+    fit_gpu_request(command, *prepared)
     if args.dry_run:
         print(f"dry run: nothing queued; would write {path} and run: {' '.join(command)}")
         return 0

@@ -113,12 +113,9 @@ def build_recipe(keys: RecipeKeys, world_size: int) -> Recipe:
                 _build_section(section, values, problems, batch_failed)
                 for section in SECTIONS[keys.method]
             )
-        if training is not None:
-            if steps is not None:  # None: SFT, which generates nothing
-                # TRL derived it for its own process count; this is the one for `world_size`.
-                training.steps_per_generation = steps
-            with problems.check():
-                training.check_world_size(world_size)
+        if training is not None and steps is not None:  # None: SFT, which generates nothing
+            # TRL derived it for its own process count; this is the one for `world_size`.
+            training.steps_per_generation = steps
     return Recipe(
         path=keys.path,
         method=keys.method,

@@ -5,10 +5,11 @@
 - batch_for_processes: the GRPO batch arithmetic (training and evaluation) for an explicit
   number of processes.
 - check_keys: the launcher's checks on the values alone (batch arithmetic, model path, output
-  dir, launcher files): no TRL, torch or datasets, on every attempt, plan, sbatch and submit.
+  dir, launcher files, and every rule across keys of recipe/rules.py, which each trainer runs
+  on its section too): no TRL, torch or datasets, on every attempt, plan, sbatch and submit.
 - the rules of the built recipe that need nothing above recipe/ (model path, output dir,
-  launcher files, what GRPOTrainer refuses only after loading the model); `preflight.py`
-  runs them with the rules that need data/ and rewards/ (check_recipe).
+  launcher files); `preflight.py` runs them with the rules that need data/ and rewards/
+  (check_recipe).
 
 Each rule raises its own one-line ConfigError; the functions that run several rules collect
 their problems (recipe/problems.py), so a recipe's every problem is reported in one pass.
@@ -18,15 +19,18 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from maxent_grpo.errors import ConfigError
+from maxent_grpo.errors import ConfigError, ConfigProblems
 from maxent_grpo.methods import uses_vllm_server
 from maxent_grpo.recipe import schema
 from maxent_grpo.recipe.declare import describe, in_range
-from maxent_grpo.recipe.problems import collecting
+from maxent_grpo.recipe.problems import Problems, collecting
+from maxent_grpo.recipe.rules import check_rules
 
 if TYPE_CHECKING:
     from maxent_grpo.recipe.parser import RecipeKeys
@@ -103,7 +107,7 @@ def check_eval_batch(
 def server_mode_hint(values: dict[str, Any]) -> str:
     """For a batch that fails: a recipe written for a vLLM GPU of its own (open-r1's 7 + 1) that
     does not say vllm_mode: server trains on every GPU (TRL's default is colocate)."""
-    if values.get("use_vllm") and values.get("vllm_mode") != "server":
+    if values.get("use_vllm") and not uses_vllm_server(SimpleNamespace(**values)):
         return (
             "; or, if the recipe was written for vLLM on a GPU of its own (e.g. 7 training + 1 "
             "vLLM GPU), set vllm_mode: server: with TRL's default, colocate, every GPU trains"
@@ -277,25 +281,12 @@ def check_reference_model(training, model) -> None:
         )
 
 
-def check_server_wait(values) -> None:
-    """values: RecipeKeys or the built GRPOConfig. The trainers connect to the vLLM server at
-    their first generation (train/vllm_connect.py): the first rank waits up to
-    vllm_server_timeout, the others in a collective that gives up after ddp_timeout, with an
-    error that names neither. The first wait must end first."""
-    if not uses_vllm_server(values):
-        return
-    if values.vllm_server_timeout >= values.ddp_timeout:
-        raise ConfigError(
-            f"vllm_server_timeout: {values.vllm_server_timeout:g} s is not below ddp_timeout "
-            f"({values.ddp_timeout} s), after which the other ranks give up waiting for the "
-            "first one's server connection; lower vllm_server_timeout or raise ddp_timeout"
-        )
-
-
 def check_output_dir(output_dir: str | None) -> None:
     """The output directory must be writable (or creatable) before any training starts.
 
-    Checks without creating anything: `check` and `plan` leave no empty directories behind.
+    Leaves nothing behind: `check` and `plan` create no directories. Where the directory does
+    not exist yet, a directory is made and removed in its nearest existing parent (a
+    permission bit does not tell: root may write anywhere, but not in /proc).
     """
     if not output_dir:
         raise ConfigError("output_dir: not set; give a writable directory")
@@ -310,49 +301,15 @@ def check_output_dir(output_dir: str | None) -> None:
                 pass
         except OSError as exc:
             problem = exc.strerror
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        problem = f"cannot create it in {existing}"
+    else:
+        try:
+            tempfile.TemporaryDirectory(dir=existing, prefix=".write-test-").cleanup()
+        except OSError:
+            problem = f"cannot create it in {existing}"
     if problem:
         raise ConfigError(
             f"output_dir: {output_dir!r} is not writable ({problem}); choose another directory"
         )
-
-
-def check_trainer_values(training, model) -> None:
-    """Combinations TRL's GRPOTrainer.__init__ refuses only after the model is loaded
-    (trl/trainer/grpo_trainer.py): refused here, before it is."""
-    with collecting("the recipe") as problems:
-        if training.sync_ref_model and training.beta == 0:
-            problems.add(
-                "sync_ref_model: true with beta 0: there is no reference model to synchronise; "
-                "set beta (or init_kl_coeff) > 0, or sync_ref_model: false",
-                ["sync_ref_model"],
-            )
-        if training.sync_ref_model and model is not None and model.use_peft:
-            problems.add(
-                "sync_ref_model: true with use_peft: TRL's PEFT reference is the adapter-free "
-                "model, nothing to synchronise; set sync_ref_model: false",
-                ["sync_ref_model"],
-            )
-        peft_targets = (model.lora_target_modules or []) if model is not None else []
-        if model is not None and model.use_peft and "lm_head" in peft_targets:
-            problems.add(
-                "lora_target_modules: 'lm_head': TRL computes log-probabilities from "
-                "lm_head.weight directly, so an adapter there is never trained; remove it",
-                ["lora_target_modules"],
-            )
-        vespo_modes = ("token_truncate", "token_mask")
-        if (
-            training.loss_type == "vespo"
-            and training.use_vllm
-            and training.vllm_importance_sampling_correction
-            and training.vllm_importance_sampling_mode not in vespo_modes
-        ):
-            problems.add(
-                f"vllm_importance_sampling_mode: {training.vllm_importance_sampling_mode!r}: "
-                "loss_type vespo needs token_truncate or token_mask; set one of them",
-                ["vllm_importance_sampling_mode"],
-            )
 
 
 def check_launch(launch_args) -> None:
@@ -387,6 +344,25 @@ def check_keys(keys: RecipeKeys, world_size: int) -> None:
             check_launch(keys.launch)
         with problems.check("output_dir"):
             check_output_dir(keys.output_dir)
-        if "use_vllm" in keys.values:  # GRPO's keys (SFT starts no server)
-            with problems.check("vllm_server_timeout"):
-                check_server_wait(keys)
+        _check_rules_on_keys(keys, world_size, problems)
+
+
+# What a rule raises on a value that has a problem already (a 0 it divides by).
+_BAD_VALUE_ERRORS = (ArithmeticError, TypeError, KeyError, AttributeError)
+
+
+def _check_rules_on_keys(keys: RecipeKeys, world_size: int, problems: Problems) -> None:
+    """recipe/rules.py on the keys, as each trainer runs it on its section: a line naming a key
+    with a problem already is that problem again (its value stands in), and is left out."""
+    try:
+        check_rules(keys, world_size, keys.method, model=keys)
+        return
+    except ConfigError as exc:
+        lines = exc.problems if isinstance(exc, ConfigProblems) else (str(exc),)
+    except _BAD_VALUE_ERRORS:
+        if problems.bad_keys:
+            return  # a bad value's own problem says it
+        raise
+    for line in lines:
+        if not any(re.search(rf"\b{re.escape(k)}\b", line) for k in problems.bad_keys):
+            problems.add(line)

@@ -26,14 +26,13 @@ from typing import Annotated
 import trl
 from trl import ModelConfig
 
-from maxent_grpo.errors import ConfigError, ConfigProblems
-from maxent_grpo.methods import uses_vllm_server
+from maxent_grpo.errors import ConfigError
 from maxent_grpo.recipe.converters import CONVERTERS
 from maxent_grpo.recipe.declare import Accepts, check_own_ranges
 from maxent_grpo.recipe.launch_keys import LauncherKeys
-from maxent_grpo.recipe.problems import run_checks
+from maxent_grpo.recipe.rules import check_rules
 from maxent_grpo.recipe.script_keys import ScriptArguments
-from maxent_grpo.rollout_filters import filters_help, find_filter
+from maxent_grpo.rollout_filters import filters_help
 
 __all__ = [
     "ConfigError",
@@ -232,45 +231,22 @@ class GRPOConfig(trl.GRPOConfig):
         metadata={"help": "length filter: drop a group with a completion cut at the length limit."},
     )
 
+    METHOD = "grpo"  # the rules of recipe/rules.py this section follows
+
     def __post_init__(self):
         # Each value in its own range first (only for a section built directly: build_recipe's
-        # keys had theirs checked when read); the rules across keys assume it.
+        # keys had theirs checked when read); the rules across keys (recipe/rules.py, which
+        # the launcher runs on the keys too) assume it.
         if _PLANNED_WORLD_SIZE.get() is None:
             check_own_ranges(self)
-        self._check_section()
+        check_rules(self, _PLANNED_WORLD_SIZE.get(), self.METHOD)
+        self._set_beta()
         super().__post_init__()
 
-    def _check_section(self) -> None:
-        """The rules across keys, every problem at once (MaxEntConfig adds its own first)."""
-        run_checks(
-            self._check_kl_coefficient,
-            self._check_adaptive_kl,
-            self._check_entropy_kl,
-            self._check_sync_interval,
-            self._check_async_generation,
-            self._check_rollouts,
-        )
-
-    def _check_rollouts(self) -> None:
-        lines = []
-        for name in self.rollout_filters or []:
-            try:
-                find_filter(name)
-            except ConfigError as exc:
-                lines.append(str(exc))
-        steps = self.steps_per_generation or self.gradient_accumulation_steps
-        rollouts = self.rollout_filters or self.max_generation_rounds > 1
-        if (rollouts or self.oversample_factor > 1) and (
-            self.per_device_train_batch_size * steps
-        ) % self.num_generations:
-            lines.append(
-                f"per_device_train_batch_size x steps_per_generation: "
-                f"{self.per_device_train_batch_size} x {steps} is not a multiple of "
-                f"num_generations ({self.num_generations}); rollout_filters, "
-                "max_generation_rounds and oversample_factor need whole groups on each process"
-            )
-        if lines:
-            raise ConfigProblems("rollout_filters", lines)
+    def _set_beta(self) -> None:
+        """GRPO: init_kl_coeff is TRL's beta (MaxEntConfig: always)."""
+        if self.init_kl_coeff > 0:
+            self.beta = self.init_kl_coeff
 
     @property
     def world_size(self) -> int:
@@ -278,119 +254,6 @@ class GRPOConfig(trl.GRPOConfig):
         checks read this in `__post_init__`), else the running job's (transformers')."""
         planned = _PLANNED_WORLD_SIZE.get()
         return planned if planned is not None else super().world_size
-
-    def _check_kl_coefficient(self) -> None:
-        """GRPO: init_kl_coeff is TRL's beta (MaxEntConfig sets beta from it before this)."""
-        if self.init_kl_coeff > 0 and self.beta not in (0.0, self.init_kl_coeff):
-            raise ConfigError(
-                f"beta: {self.beta} and init_kl_coeff: {self.init_kl_coeff}: both are the initial "
-                "KL coefficient of GRPO; keep one of them"
-            )
-        if self.init_kl_coeff > 0:
-            self.beta = self.init_kl_coeff
-
-    def _check_sync_interval(self) -> None:
-        """Stale samples need TRL's correction: without it the loss takes them as on-policy."""
-        stale = self.vllm_sync_interval_steps > 1 and self.use_vllm
-        if stale and not self.vllm_importance_sampling_correction:
-            raise ConfigError(
-                f"vllm_sync_interval_steps: {self.vllm_sync_interval_steps} with "
-                "vllm_importance_sampling_correction: false: between syncs vLLM samples from an "
-                "older policy and nothing corrects for it; set "
-                "vllm_importance_sampling_correction: true, or vllm_sync_interval_steps: 1"
-            )
-
-    def _check_async_generation(self) -> None:
-        """One generation per optimizer step, from a server, with TRL's correction."""
-        if not self.async_generation:
-            return
-        lines = []
-        if not uses_vllm_server(self):
-            lines.append(
-                "async_generation: true needs a vLLM server to generate while the trainers "
-                "train; set use_vllm: true and vllm_mode: server, or async_generation: false"
-            )
-        if not self.vllm_importance_sampling_correction:
-            lines.append(
-                "async_generation: true with vllm_importance_sampling_correction: false: samples "
-                "come from the previous policy and nothing would correct for it; set "
-                "vllm_importance_sampling_correction: true"
-            )
-        steps = self.steps_per_generation or self.gradient_accumulation_steps
-        if steps != self.gradient_accumulation_steps or self.num_iterations != 1:
-            lines.append(
-                f"async_generation: true needs one generation per optimizer step; "
-                f"steps_per_generation {steps} and num_iterations {self.num_iterations} give "
-                "another; set steps_per_generation to gradient_accumulation_steps and "
-                "num_iterations: 1"
-            )
-        if self.max_staleness < self.vllm_sync_interval_steps:
-            lines.append(
-                f"max_staleness: {self.max_staleness} is below vllm_sync_interval_steps "
-                f"({self.vllm_sync_interval_steps}): every sample would be too old; set "
-                f"max_staleness: {self.vllm_sync_interval_steps} or more"
-            )
-        if lines:
-            raise ConfigProblems("async_generation", lines)
-
-    def _check_adaptive_kl(self) -> None:
-        if (self.kl_target is None) != (self.kl_horizon is None):
-            missing = "kl_horizon" if self.kl_horizon is None else "kl_target"
-            raise ConfigError(
-                f"{missing}: not set; an adaptive beta needs both kl_target and kl_horizon "
-                "(e.g. kl_target: 0.05, kl_horizon: 10000), or neither for a fixed beta"
-            )
-        if self.kl_target is None:
-            return
-        if not (self.init_kl_coeff > 0 or self.beta > 0):
-            raise ConfigError(
-                f"init_kl_coeff: {self.init_kl_coeff}: an adaptive beta (kl_target) multiplies "
-                "beta, so it must start > 0; set init_kl_coeff, e.g. 0.05"
-            )
-
-    def _check_entropy_kl(self) -> None:
-        """The KL-adaptive entropy bonus scales TRL's entropy_coef by the KL to the reference."""
-        if self.entropy_kl_threshold is None:
-            return
-        lines = []
-        if self.entropy_coef <= 0:
-            lines.append(
-                f"entropy_kl_threshold: {self.entropy_kl_threshold} with entropy_coef: "
-                f"{self.entropy_coef}: the rule multiplies entropy_coef; set entropy_coef > 0"
-            )
-        if not (self.beta > 0 or self.init_kl_coeff > 0):
-            lines.append(
-                f"entropy_kl_threshold: {self.entropy_kl_threshold} with beta: {self.beta}: the "
-                "KL is measured against the reference model, which beta > 0 loads; set beta "
-                "(e.g. 0.04)"
-            )
-        if self.use_adaptive_entropy:
-            lines.append(
-                "entropy_kl_threshold with use_adaptive_entropy: true: two rules for one "
-                "entropy_coef; keep one of them"
-            )
-        if self.entropy_kl_below == "keep" and self.entropy_kl_above == "keep":
-            lines.append(
-                f"entropy_kl_threshold: {self.entropy_kl_threshold} with entropy_kl_below and "
-                "entropy_kl_above both keep: nothing adapts; set entropy_kl_below: raise or "
-                "entropy_kl_above: lower (or off), or unset entropy_kl_threshold"
-            )
-        if lines:
-            raise ConfigProblems("entropy_kl_threshold", lines)
-
-    def check_world_size(self, world_size: int) -> None:
-        """Checks that depend on the number of training processes (MaxEntConfig adds some):
-        kl_horizon against the completions of one optimizer step over `world_size` processes."""
-        if self.kl_horizon is None:
-            return
-        per_step = self.per_device_train_batch_size * self.gradient_accumulation_steps * world_size
-        if self.kl_horizon < per_step:
-            raise ConfigError(
-                f"kl_horizon: {self.kl_horizon}: below the {per_step} completions of one "
-                "optimizer step (per_device_train_batch_size x gradient_accumulation_steps x "
-                f"processes), so one update could move beta by over 20%; set kl_horizon >= "
-                f"{per_step} (Ziegler et al. use 10000)"
-            )
 
 
 # The number of training processes a recipe is being built for (recipe.build_recipe, from keys

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import trl
 from trl import ModelConfig
 
-from maxent_grpo.errors import ConfigError
 from maxent_grpo.recipe.keys import GRPOConfig, LauncherKeys, ScriptArguments
+from maxent_grpo.recipe.rules import check_rules
 
 # ScriptArguments' keys that an SFT run reads: where its rows come from and how the prompt is
 # written. Rewards, tools and benchmarks score generated completions: GRPO's.
@@ -59,11 +59,7 @@ def _copied_fields(source: type, names: tuple[str, ...]) -> list[tuple[str, obje
 
 
 def _check_answers(self) -> None:
-    if self.dataset_answer_column is None:
-        raise ConfigError(
-            "dataset_answer_column: null: an SFT run trains on each row's answer as the reply "
-            "to its prompt; name the column that holds it (e.g. solution)"
-        )
+    check_rules(self, None, "sft")
 
 
 SFTScriptArguments = dataclasses.make_dataclass(
@@ -81,9 +77,6 @@ _Shared = dataclasses.make_dataclass("_Shared", _copied_fields(GRPOConfig, _SHAR
 @dataclass
 class SFTConfig(trl.SFTConfig, _Shared):
     """TRL's SFTConfig plus the keys every method's trainer process reads."""
-
-    def check_world_size(self, world_size: int) -> None:
-        """No key of SFT depends on the number of processes (GRPO's batch groups do)."""
 
 
 SFT_TYPES = (SFTScriptArguments, SFTConfig, ModelConfig, LauncherKeys)

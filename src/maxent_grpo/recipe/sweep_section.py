@@ -43,6 +43,12 @@ def _text(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+def check_grid_key(key: str, where: str) -> None:
+    """A key a sweep may vary: not where each point writes (the section's and --grid's rule)."""
+    if key in WHERE:
+        raise ConfigError(f"{where} key '{key}': each point sets its own; drop it")
+
+
 def _values(key: str, value: Any, where: str) -> list[str]:
     items = value if isinstance(value, list) else [value]
     if not items or any(v is None or isinstance(v, (list, dict)) for v in items):
@@ -67,8 +73,7 @@ def _grid(raw: Any, where: str, problems: Problems) -> dict[str, list[str]]:
     grid = {}
     for key, value in raw.items():
         with problems.check(SECTION):
-            if key in WHERE:
-                raise ConfigError(f"{where} key '{key}': each point sets its own; drop it")
+            check_grid_key(str(key), where)
             grid[str(key)] = _values(str(key), value, where)
     return grid
 

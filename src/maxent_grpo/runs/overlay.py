@@ -56,7 +56,7 @@ def sweep_runs(sweep: str, dirs: Sequence[str]) -> tuple[list[tuple[str, Path]],
     if path is None:
         raise UserError(
             f"plot --sweep {sweep}: no {sweep}{POINTS_SUFFIX} under {', '.join(dirs)}; "
-            "give --outputs with the folder that holds the sweep's runs"
+            "give --dir with the folder that holds the sweep's runs"
         )
     points = read_points(path)[1]
     labels = [" ".join(f"{k}={v}" for k, v in p.values.items()) or p.name for p in points]
