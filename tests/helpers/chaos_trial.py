@@ -258,6 +258,8 @@ def expected_outcomes(trial: Trial) -> tuple[str | None, ...]:
         return ("completed",) if trial.moment == "teardown" else ("crash",)
     if trial.moment in AFTER_TRAINING and target != "launcher":
         return ("completed",)
+    if sig == "sigterm" and target in ("trainer", "launcher") and trial.step == MAX_STEPS:
+        return ("completed",)  # the stop's step boundary is the last step: the run is done
     if trial.moment == "teardown":
         return {"sigkill": (None,), "sigterm": ("completed",), "sigstop": ("completed",)}[sig]
     return EXPECTED[target][sig]
@@ -421,7 +423,8 @@ def run_trial(trial: Trial, folder: Path, reference: Path | None = None, tamper=
         found = inject(trial, run, watch, out, disk) if reached else {"applied": False}
         code = wait_end(run, watch, folder / "hits", found.get("held", set()), ATTEMPT_TIMEOUT)
         left = kill_left(watch.pgids, str(folder), folder / "hits")
-        faulted_text = run.text + run.logs()
+        launcher_text = run.text  # the faulted attempt's alone: the reruns append to it
+        faulted_text = launcher_text + run.logs()
         if disk is not None:
             disk.free()  # the user makes room
         if tamper is not None:
@@ -439,36 +442,41 @@ def run_trial(trial: Trial, folder: Path, reference: Path | None = None, tamper=
             left_processes=left + recovered["left"],
             disk_path=str(disk.path) if disk is not None else None,
             disk_output=faulted_text,
-            printed_outcome=printed_outcome(run.text),
+            printed_outcome=printed_outcome(launcher_text),
             completed=run_is_complete(out),
         )
         if facts.completed and reference is not None and trial.kind.deterministic:
             facts.weights_equal = same_weights(out, reference)
         problems = check_trial(facts) if reached else [f"moment {trial.moment} never reached"]
-        runs = attempts(out)
-        seen = {s for events in runs for s in _steps(events)}
-        return {
-            **asdict(trial),
-            "kind": trial.kind.name,
-            "reached": reached,
-            "applied": found["applied"],
-            "faulted_code": code,
-            "outcome": _outcome(runs, 0),
-            "expected": list(facts.expected_outcomes),
-            "attempts": len(runs),
-            "recovered": facts.completed,
-            "steps_lost": len(set(range(1, MAX_STEPS + 1)) - seen),
-            "steps_redone": sum(redone_steps(facts)),
-            "first_step_s": recovered["first_step_s"],
-            "orphans": len(facts.left_processes),
-            "corrupted": len([p for p in problems if p.startswith("complete file changed")]),
-            "weights_equal": facts.weights_equal,
-            "problems": problems,
-            "wall_s": round(time.monotonic() - began, 1),
-        }
+        return trial_row(trial, facts, problems, reached, found, code, recovered, began)
     finally:
         if disk is not None:
             disk.unmount()
+
+
+def trial_row(trial, facts, problems, reached, found, code, recovered, began) -> dict:
+    """The report's row of a trial (bench/chaos.py prints and sums them)."""
+    runs = attempts(facts.out)
+    seen = {s for events in runs for s in _steps(events)}
+    return {
+        **asdict(trial),
+        "kind": trial.kind.name,
+        "reached": reached,
+        "applied": found["applied"],
+        "faulted_code": code,
+        "outcome": _outcome(runs, 0) or facts.printed_outcome,
+        "expected": list(facts.expected_outcomes),
+        "attempts": len(runs),
+        "recovered": facts.completed,
+        "steps_lost": len(set(range(1, MAX_STEPS + 1)) - seen),
+        "steps_redone": sum(redone_steps(facts)),
+        "first_step_s": recovered["first_step_s"],
+        "orphans": len(facts.left_processes),
+        "corrupted": len([p for p in problems if p.startswith("complete file changed")]),
+        "weights_equal": facts.weights_equal,
+        "problems": problems,
+        "wall_s": round(time.monotonic() - began, 1),
+    }
 
 
 def _steps(events: list[dict]) -> list[int]:
