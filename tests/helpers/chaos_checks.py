@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from maxent_grpo.rundir.checkpoints import CHECKPOINT_MARKER, list_checkpoints
+from maxent_grpo.rundir.checkpoints import list_checkpoints
 from maxent_grpo.rundir.events import read_events
 
 
@@ -236,12 +236,11 @@ def check_disk(facts: TrialFacts) -> list[str]:
     ]
     if not lines:
         problems.append(f"no 'crash: ' line names the full filesystem {facts.disk_path}")
-    kept = {name.split("/")[0] for name in facts.files_before}
-    for name in kept:
-        if not (facts.out / name / CHECKPOINT_MARKER).is_file() and facts.resumable[:1] == [
-            int(name.split("-")[1])
-        ]:
-            problems.append(f"{name}, the last good checkpoint, was not kept")
+    # The newest checkpoint complete before the fault is the one the first rerun found whole
+    # (later, rotation may delete it: that is no loss).
+    before = [int(name.split("/")[0].split("-")[1]) for name in facts.files_before]
+    if before and facts.resumable[:1] != [max(before)]:
+        problems.append(f"checkpoint-{max(before)}, the last good checkpoint, was not kept")
     return problems
 
 
