@@ -255,7 +255,7 @@ def expected_outcomes(trial: Trial) -> tuple[str | None, ...]:
     if trial.fault in ("disk_full", "out_of_inodes"):
         return ("completed",) if trial.moment in AFTER_TRAINING else ("crash",)
     if sig not in SIGNALS:  # a checkpoint damaged by a node that died mid-write
-        return ("completed",) if trial.moment == "teardown" else ("crash",)
+        return ("completed",) if trial.moment in AFTER_TRAINING else ("crash",)
     if trial.moment in AFTER_TRAINING and target != "launcher":
         return ("completed",)
     if sig == "sigterm" and target in ("trainer", "launcher") and trial.step == MAX_STEPS:
