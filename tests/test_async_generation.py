@@ -133,7 +133,7 @@ def test_each_sample_is_as_old_as_the_server_that_made_it(monkeypatch):
     a, b = StandIn("http://a"), StandIn("http://b")
     pool = server_pool.ServerPool([a, b], timeout=5)
 
-    def push(version: int) -> None:  # what a weight sync, then the async mixin, do
+    def push(version: int) -> None:  # what a weight sync, then the async component, do
         pool.each(lambda client: client.push(version), "push")
         pool.mark_synced(version)
 
@@ -167,31 +167,30 @@ def test_each_sample_is_as_old_as_the_server_that_made_it(monkeypatch):
 
 
 def test_with_rollouts_the_next_request_asks_for_what_the_next_first_round_draws():
-    """Over-sampling (train/rollout_mixin.py): the next step's first round generates for its
+    """Over-sampling (train/rollout_rounds.py): the next step's first round generates for its
     own rows plus extra prompts from a seeded stream; read ahead, the stream must stay where
     it was, and nothing is asked when carried-over groups already fill the step."""
     from types import SimpleNamespace
 
-    from maxent_grpo.train.async_generation import AsyncGenerationMixin
-    from maxent_grpo.train.rollout_mixin import RolloutMixin
+    from maxent_grpo.train.rollout_rounds import Rollouts
 
-    class Trainer(AsyncGenerationMixin, RolloutMixin):  # the rules are RolloutMixin's own
-        pass
-
-    trainer = Trainer.__new__(Trainer)
-    trainer.args = SimpleNamespace(oversample_factor=1.5, seed=3)
-    trainer.accelerator = SimpleNamespace(num_processes=1, process_index=0)
-    trainer.train_dataset = [{"prompt": f"extra {i}"} for i in range(10)]
-    trainer.num_generations, trainer._carried = 2, []
-    trainer._reserve_position, trainer._reserve_order = 4, (-1, [])
+    rollouts = Rollouts.__new__(Rollouts)  # the rules are the Rollouts component's own
+    rollouts.trainer = SimpleNamespace(
+        args=SimpleNamespace(oversample_factor=1.5, seed=3),
+        accelerator=SimpleNamespace(num_processes=1, process_index=0),
+        train_dataset=[{"prompt": f"extra {i}"} for i in range(10)],
+        num_generations=2,
+    )
+    rollouts.carried = []
+    rollouts._reserve_position, rollouts._reserve_order = 4, (-1, [])
     rows = [{"prompt": p} for p in ("a", "a", "b", "b")]  # 2 groups: the first round has 3
 
-    ahead = trainer._first_round_rows(rows)
-    assert trainer._reserve_position == 4
-    drawn = trainer._reserve_rows(1)  # what the step's first round then draws
+    ahead = rollouts.first_round_rows(rows)
+    assert rollouts._reserve_position == 4
+    drawn = rollouts._reserve_rows(1)  # what the step's first round then draws
     assert ahead == rows + drawn and len(drawn) == 2 and drawn[0] == drawn[1]
-    trainer._carried = ["group", "group"]  # the step is full without a round: nothing asked
-    assert trainer._first_round_rows(rows) is None
+    rollouts.carried = ["group", "group"]  # the step is full without a round: nothing asked
+    assert rollouts.first_round_rows(rows) is None
 
 
 @pytest.mark.parametrize("rollouts", [False, True])
@@ -203,34 +202,38 @@ def test_a_step_made_ahead_pushes_the_weights_once_and_only_before_a_request(rol
     from collections import defaultdict
     from types import SimpleNamespace
 
-    from maxent_grpo.train.async_generation import AsyncGenerationMixin
+    from maxent_grpo.train.async_generation import AsyncGeneration
 
     events = []
 
-    class TRL:
-        def _generate_single_turn(self, prompt_ids, images, multimodal, n, tools=False):
-            events.append("trl generates")
-            return [[0]] * len(prompt_ids), None
+    def trl_generates(prompt_ids, images, multimodal, n, tools=False):
+        events.append("trl generates")
+        return [[0]] * len(prompt_ids), None
 
-    class Trainer(AsyncGenerationMixin, TRL):
-        pass
-
-    trainer = Trainer.__new__(Trainer)
-    trainer.args = SimpleNamespace(max_staleness=1)
-    trainer._async_on, trainer._rollouts_on, trainer._async_step = True, rollouts, 0
-    trainer.model, trainer.state = SimpleNamespace(training=True), SimpleNamespace(global_step=5)
-    trainer.accelerator = SimpleNamespace(is_main_process=True, num_processes=1, process_index=0)
-    trainer._worker = trainer._consumed_at = trainer._next = None
-    trainer._metrics, trainer._last_loaded_step = {"train": defaultdict(list)}, 4
-    trainer.vllm_generation = SimpleNamespace(sync_weights=lambda: events.append("push"))
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(max_staleness=1),
+        model=SimpleNamespace(training=True),
+        state=SimpleNamespace(global_step=5),
+        accelerator=SimpleNamespace(is_main_process=True, num_processes=1, process_index=0),
+        _metrics={"train": defaultdict(list)},
+        _last_loaded_step=4,
+        vllm_generation=SimpleNamespace(sync_weights=lambda: events.append("push")),
+    )
+    sync = SimpleNamespace(pool=lambda: None, synced_step=None)
+    component = AsyncGeneration.__new__(AsyncGeneration)
+    component.trainer, component.clock, component.sync = trainer, None, sync
+    component.rollouts = object() if rollouts else None
+    component._step, component._worker = 0, None
+    component._consumed_at = component._next = None
     prompts = [[1], [1]]
     made = Pending(6, prompts, prompts, version=4, payload=([[9], [8]], None, None))
     made.done.set()
-    trainer._pending = made
+    component._pending = made
 
-    assert trainer._generate_single_turn(prompts, None, None, 2) == ([[9], [8]], None)
+    call = component.generate_single_turn
+    assert call(trl_generates, prompts, None, None, 2) == ([[9], [8]], None)
     assert trainer._metrics["train"]["async/prefetched"] == [1.0]
     assert events == ([] if rollouts else ["push"])
-    trainer._generate_single_turn(prompts, None, None, 2)  # the step's next round
+    call(trl_generates, prompts, None, None, 2)  # the step's next round
     assert events == ["push", "trl generates"]
     assert trainer._last_loaded_step == 5

@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"benchmarks"},  # a recipe's benchmarks: spec, data, check (data/ + rewards/)
     {"preflight"},  # the built recipe's checks that need data/, rewards/, benchmarks/
     {"train"},
-    {"maxent"},  # built on train/ (its mixins, the KL controller)
+    {"maxent"},  # built on train/ (its trainer class, the KL controller)
     {"launch", "evaluate", "runs"},
     {"migrate"},  # recipes of other toolkits rewritten (the plan's processes: launch/plan)
     {"cli", "train_process"},
@@ -230,7 +230,7 @@ def test_a_broken_layer_is_caught(package_at, name, source, why):
     ("name", "source"),
     [
         ("launch/x.py", "from maxent_grpo.recipe import read_recipe\n"),
-        ("maxent/x.py", "from maxent_grpo.train.checkpoints import CompleteCheckpointsMixin\n"),
+        ("maxent/x.py", "from maxent_grpo.train.checkpoints import CompleteCheckpoints\n"),
         ("train/__main__.py", "from maxent_grpo.train_process import main\n"),
         ("recipe/x.py", "from maxent_grpo.rollout_filters import find_filter\n"),
     ],

@@ -154,11 +154,12 @@ def test_loss_gradient_matches_finite_differences(trainer, monkeypatch):
 
 
 def test_controller_state_round_trip(trainer):
-    trainer.kl_controller.beta, trainer.tau_controller.tau = 0.1 / 3, 2 / 7
-    saved = json.loads(json.dumps(trainer.controller_state()))
-    trainer.kl_controller.beta, trainer.tau_controller.tau = 1.0, 1.0
-    trainer.load_controller_state(saved)
-    assert (trainer.kl_controller.beta, trainer.tau_controller.tau) == (0.1 / 3, 2 / 7)
+    maxent = trainer.component("maxent")
+    maxent.kl_controller.beta, maxent.tau_controller.tau = 0.1 / 3, 2 / 7
+    saved = json.loads(json.dumps(maxent.controller_state()))
+    maxent.kl_controller.beta, maxent.tau_controller.tau = 1.0, 1.0
+    maxent.load_controller_state(saved)
+    assert (maxent.kl_controller.beta, maxent.tau_controller.tau) == (0.1 / 3, 2 / 7)
     assert trainer.beta == 0.1 / 3  # TRL's attribute follows the controller
 
 

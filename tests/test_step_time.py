@@ -11,7 +11,8 @@ import pytest
 from maxent_grpo.rundir.events import emit, read_events
 from maxent_grpo.runs.plot import draw, history_from_events
 from maxent_grpo.runs.table import time_split
-from maxent_grpo.train.step_time import StepTimeMixin, step_split
+from maxent_grpo.train.step_time import StepClock, step_split
+from maxent_grpo.train.trl_adapter import HOOKS, chain
 
 
 def test_step_split_with_a_server():
@@ -44,50 +45,52 @@ def test_parts_never_exceed_the_step():
 
 
 class FakeTRL:
-    """The TRL methods the mixin times: each sleeps a known time."""
+    """The TRL methods the step clock times: each sleeps a known time. They call each other
+    through the chains of the clock's hooks, as train/trl_adapter.py's HookedTrainer does."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self):
         self.args = SimpleNamespace(use_vllm=True, vllm_mode="server")
         self._metrics = {"train": defaultdict(list)}
         self.callbacks = []
+        self.clock = StepClock(self)
+        for hook, method in HOOKS.items():
+            own = getattr(self, f"trl_{hook.lstrip('_')}", None)
+            if own is not None:
+                setattr(self, hook, chain([self.clock], method, own))
 
     def add_callback(self, callback):
         self.callbacks.append(callback)
 
-    def _generate(self, prompts):
+    def trl_generate(self, prompts):
         time.sleep(0.05)
         for part in ("sync", "server_start"):  # train/vllm_sync.py reports these, inside
             time.sleep(0.01)
-            self.add_step_time(part, 0.01)
+            self.clock.add(part, 0.01)
         return prompts
 
-    def _calculate_rewards(self, *args):
+    def trl_calculate_rewards(self, *args):
         time.sleep(0.01)
 
-    def _prepare_inputs(self, batch):
+    def trl_prepare_inputs(self, batch):
         self._generate(batch)
         self._calculate_rewards()
         return batch
 
-    def training_step(self, model, inputs, n):
+    def trl_training_step(self, model, inputs, n):
         self._prepare_inputs(inputs)
         time.sleep(0.03)  # forward and backward
 
 
-class Trainer(StepTimeMixin, FakeTRL):
-    pass
-
-
-def test_the_mixin_splits_one_optimizer_step():
-    trainer = Trainer()
-    (clock,) = trainer.callbacks
-    clock.on_step_begin(None, None, None)
+def test_the_clock_splits_one_optimizer_step():
+    trainer = FakeTRL()
+    (callback,) = trainer.callbacks
+    callback.on_step_begin(None, None, None)
     for _ in range(2):  # two micro-batches
         trainer.training_step(None, [1], 1)
-    clock.on_pre_optimizer_step(None, None, None)
+    callback.on_pre_optimizer_step(None, None, None)
     time.sleep(0.01)
-    clock.on_optimizer_step(None, None, None)
-    clock.on_step_end(None, None, None)
+    callback.on_optimizer_step(None, None, None)
+    callback.on_step_end(None, None, None)
     m = {k: v[0] for k, v in trainer._metrics["train"].items()}
     assert m["time/generation_s"] == pytest.approx(0.1, abs=0.04)  # the sync is not in it
     assert m["time/sync_s"] == m["time/server_start_s"] == pytest.approx(0.02)
@@ -96,27 +99,23 @@ def test_the_mixin_splits_one_optimizer_step():
     parts = sum(m[k] for k in m if k.endswith("_s") and k not in ("time/step_s", "time/waiting_s"))
     assert parts == pytest.approx(m["time/step_s"])
     assert 0 < m["time/server_busy"] < 1 and 0 < m["time/trainer_busy"] < 1
-    assert trainer._step_parts == {}  # the next step starts from zero
+    assert trainer.clock.parts == {}  # the next step starts from zero
 
 
 class AsyncFakeTRL(FakeTRL):
     """async_generation reports the server's own request time from inside _generate."""
 
-    def _generate(self, prompts):
-        self.add_step_time("server_generation", 0.04)
-        return super()._generate(prompts)
-
-
-class AsyncTrainer(StepTimeMixin, AsyncFakeTRL):
-    pass
+    def trl_generate(self, prompts):
+        self.clock.add("server_generation", 0.04)
+        return super().trl_generate(prompts)
 
 
 def test_with_async_generation_the_server_busy_share_is_its_request_time():
-    trainer = AsyncTrainer()
-    (clock,) = trainer.callbacks
-    clock.on_step_begin(None, None, None)
+    trainer = AsyncFakeTRL()
+    (callback,) = trainer.callbacks
+    callback.on_step_begin(None, None, None)
     trainer.training_step(None, [1], 1)
-    clock.on_step_end(None, None, None)
+    callback.on_step_end(None, None, None)
     m = {k: v[0] for k, v in trainer._metrics["train"].items()}
     # The trainers' wait is what _generate took; the server's request time is not taken off it.
     assert m["time/generation_s"] >= 0.045

@@ -23,12 +23,13 @@ from maxent_grpo.train.vllm_sync import (
     SYNC_BYTES_METRIC,
     WEIGHT_SYNC_METRIC,
     WEIGHTS_DIRNAME,
-    VLLMSyncMixin,
+    VLLMSync,
     _SafetensorsWriter,
     check_weight_sync,
     disk_generation_class,
     lora_generation_class,
     sync_due,
+    vllm_backend,
 )
 
 
@@ -37,6 +38,7 @@ def args(tmp_path: Path, **kw) -> SimpleNamespace:
         use_vllm=True,
         vllm_mode="server",
         vllm_weight_sync="disk",
+        vllm_sync_interval_steps=1,
         use_cpu=True,
         output_dir=str(tmp_path / "out"),
     )
@@ -85,8 +87,14 @@ class FakeTrainer:
         self.syncs += 1
 
 
-class Trainer(VLLMSyncMixin, FakeTrainer):
-    pass
+def Trainer(*args, **kwargs):
+    """FakeTrainer built as HookedTrainer builds TRL's (train/vllm_sync.py `vllm_backend`
+    around its __init__), with the VLLMSync component."""
+    training_args = kwargs.get("args", args[2] if len(args) > 2 else None)
+    with vllm_backend(FakeTrainer, training_args, "grpo"):
+        trainer = FakeTrainer(*args, **kwargs)
+    trainer.sync = VLLMSync(trainer)
+    return trainer
 
 
 def test_disk_mode_builds_the_disk_backend_only_during_init(tmp_path):
@@ -97,7 +105,7 @@ def test_disk_mode_builds_the_disk_backend_only_during_init(tmp_path):
     assert issubclass(factory.func, VLLMGeneration)
     assert factory.keywords == {"weights_dir": (tmp_path / "out" / WEIGHTS_DIRNAME).resolve()}
     assert globals()["VLLMGeneration"] is VLLMGeneration  # restored
-    assert trainer.vllm_weight_sync == "disk"
+    assert trainer.sync.mode == "disk"
 
 
 def test_nccl_mode_keeps_trls_backend_connecting_at_first_use(tmp_path, monkeypatch):
@@ -105,7 +113,7 @@ def test_nccl_mode_keeps_trls_backend_connecting_at_first_use(tmp_path, monkeypa
     trainer = Trainer("m", None, args(tmp_path, vllm_weight_sync="nccl", use_cpu=False))
     assert trainer.backend_factory is deferred_generation_class()
     assert trainer.backend_factory.__bases__ == (VLLMGeneration,)
-    assert trainer.vllm_weight_sync == "nccl"
+    assert trainer.sync.mode == "nccl"
 
 
 def test_colocate_mode_keeps_trls_backend(tmp_path):

@@ -2,7 +2,7 @@
 
 A *group* is one prompt's `num_generations` completions; a filter says whether the step trains
 on it. The recipe key `rollout_filters` names them (its help and its check read this module),
-and the trainer applies them (train/rollout_mixin.py; rounds and carry-over: train/rollouts.py).
+and the trainer applies them (train/rollout_rounds.py; rounds and carry-over: train/rollouts.py).
 A leaf, standard library only, so the recipe layer and the trainer share one registry.
 """
 

@@ -8,13 +8,14 @@ completions over all processes. TRL reads `self.beta` at every loss, so the new 
 from the next step. Its state is registered as `kl_controller` (train/state.py): saved in
 each checkpoint and restored on resume.
 
-Overrides (see docs/architecture.md): `_compute_loss` (called, then TRL's `_metrics` read).
+Hook (train/components.py): `_compute_loss` (TRL's, then its `kl` metric read).
 """
 
 from __future__ import annotations
 
 import math
 
+from maxent_grpo.train import trl_adapter
 from maxent_grpo.train.state import state_registry
 
 
@@ -63,42 +64,39 @@ class KLController:
         self.beta = float(state["beta"])
 
 
-class AdaptiveKLMixin:
-    """For a TRL GRPOTrainer whose args are our GRPOConfig (init_kl_coeff, kl_target, kl_horizon).
+class AdaptiveKL:
+    """Component (train/components.py), on with kl_target: steers TRL's `beta` after every
+    optimizer step from the KL TRL measured in its micro-batches."""
 
-    Without kl_target it changes nothing: beta stays TRL's and no state is registered.
-    """
+    name = "adaptive_kl"
+    needs = ()
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        config = self.args
-        target = getattr(config, "kl_target", None)
-        horizon = getattr(config, "kl_horizon", None)
-        self.kl_controller = KLController(self.beta, target, horizon)
+    def __init__(self, trainer):
+        self.trainer = trainer
+        config = trainer.args
+        self.controller = KLController(trainer.beta, config.kl_target, config.kl_horizon)
         self._kl_window: list[float] = []  # TRL's kl of each micro-batch of this step
         self._kl_completions = 0  # completions of this step, over all processes
-        if self.kl_controller.adaptive:
-            state_registry(self).register(
-                "kl_controller", self.kl_controller.state_dict, self._load_kl_controller
-            )
+        state_registry(trainer).register("kl_controller", self.controller.state_dict, self._load)
 
-    def _load_kl_controller(self, state: dict) -> None:
-        self.kl_controller.load_state_dict(state)
-        self.beta = self.kl_controller.beta
+    def _load(self, state: dict) -> None:
+        self.controller.load_state_dict(state)
+        self.trainer.beta = self.controller.beta
 
-    def _compute_loss(self, model, inputs):
-        loss = super()._compute_loss(model, inputs)
-        if self.kl_controller.adaptive and self.model.training:
-            metrics = self._metrics["train"]
-            metrics["beta"].append(self.beta)  # the beta this micro-batch's loss used
+    def loss(self, call, model, inputs):
+        loss = call(model, inputs)
+        trainer = self.trainer
+        if trainer.model.training:
+            metrics = trl_adapter.metrics(trainer)
+            metrics["beta"].append(trainer.beta)  # the beta this micro-batch's loss used
             self._kl_window.append(metrics["kl"][-1])  # appended by TRL just now
-            processes = self.accelerator.num_processes
+            processes = trainer.accelerator.num_processes
             self._kl_completions += inputs["completion_ids"].size(0) * processes
-            if self.accelerator.sync_gradients:
-                self._step_kl_controller()
+            if trainer.accelerator.sync_gradients:
+                self._step()
         return loss
 
-    def _step_kl_controller(self) -> None:
+    def _step(self) -> None:
         kl = sum(self._kl_window) / len(self._kl_window)
-        self.beta = self.kl_controller.update(kl, self._kl_completions)
+        self.trainer.beta = self.controller.update(kl, self._kl_completions)
         self._kl_window, self._kl_completions = [], 0

@@ -16,11 +16,12 @@ The pipeline, one step deep, with every collective on the main thread:
   train step k. Only it talks to the server between syncs; a sync never overlaps a request,
   so every completion comes from one known policy version.
 
-With rollout rounds or over-sampling (train/rollout_mixin.py), a step's first round asks for
+With rollout rounds or over-sampling (train/rollout_rounds.py), a step's first round asks for
 its own prompts plus extra ones, or for nothing when carried-over groups fill the step: only
 known once the step before has filtered. So there the next request is sent after the step's
 rollout decision (`_prepare_inputs`, before its training), for exactly the prompts the next
-step's first round will draw (`_first_round_rows`); it overlaps the training, not the scoring.
+step's first round will draw (Rollouts `first_round_rows`); it overlaps the training, not the
+scoring.
 The push goes with that request (or before a later round of the step): a step trained on
 completions made ahead does not push when they arrive, so a step filled by carried groups,
 which sends the next request, is the only push of the two (bench/bench_async.py, oversample).
@@ -46,7 +47,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from maxent_grpo.train.server_pool import ServerPool
+from maxent_grpo.train import trl_adapter
 from maxent_grpo.train.state import state_registry
 
 logger = logging.getLogger(__name__)
@@ -143,114 +144,98 @@ def busy_seconds(intervals: list[tuple[float, float]], start: float, end: float)
     return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
 
 
-class AsyncGenerationMixin:
-    """Trainer mixin (both trainers, before TRL's class): `async_generation` (module doc)."""
+class AsyncGeneration:
+    """Component (train/components.py), with `async_generation` and a vLLM server: the module
+    doc. Reads the round rules of the Rollouts component (when on), reports the server's
+    request time to the step clock and takes the servers' policy version from VLLMSync."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        config = self.args
-        self._async_on = bool(getattr(config, "async_generation", False)) and (
-            getattr(self, "use_vllm", False) and getattr(config, "vllm_mode", "") == "server"
-        )
+    name = "async_generation"
+    needs = ("step_clock", "rollouts", "vllm_sync")
+
+    def __init__(self, trainer, step_clock=None, rollouts=None, vllm_sync=None):
+        self.trainer = trainer
+        self.clock = step_clock
+        self.rollouts = rollouts  # rounds or over-sampling: the request waits for the rounds
+        self.sync = vllm_sync
         self._ahead = None  # (epoch iterator, batches, num_items) of the next step
         self._next: Pending | None = None  # the next step's prompts, gathered, not yet sent
         self._next_rows: list[dict] | None = None  # with rollouts: sent after the rounds
         self._pending: Pending | None = None  # the next step's generation, sent or restored
         self._worker: GenerationWorker | None = None
         self._consumed_at: float | None = None
-        self._async_step = 0  # the step whose first generation has been served
-        if self._async_on:
-            state_registry(self).register(
-                "async_generation", self._async_state, self._load_async_state, per_process=True
-            )
-
-    @property
-    def _after_rounds(self) -> bool:
-        """Rollout rounds or over-sampling: the next request waits for the step's rounds.
-        Read when used: RolloutMixin (before this mixin) sets `_rollouts_on` after our
-        __init__ has run."""
-        return self._async_on and getattr(self, "_rollouts_on", False)
+        self._step = 0  # the step whose first generation has been served
+        state_registry(trainer).register(
+            "async_generation", self._state, self._load, per_process=True
+        )
 
     # ---- the next step's prompts ----------------------------------------------------------
 
-    def get_batch_samples(self, epoch_iterator, num_batches, device):
+    def batch_samples(self, call, epoch_iterator, num_batches, device):
         # HF's training loop only (the model is put in train mode later, in training_step).
-        if not self._async_on:
-            return super().get_batch_samples(epoch_iterator, num_batches, device)
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] is epoch_iterator and ahead[1]:
             current = ahead[1], ahead[2]
         else:  # the first step, or the first of an epoch: nothing fetched ahead
-            current = super().get_batch_samples(epoch_iterator, num_batches, device)
-        batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+            current = call(epoch_iterator, num_batches, device)
+        batches, items = call(epoch_iterator, num_batches, device)
         self._ahead = (epoch_iterator, batches, items)
-        if self._after_rounds:  # sent once this step's rounds are decided (_prepare_inputs)
+        if self.rollouts is not None:  # sent once this step's rounds are decided
             self._next_rows = batches[0] if batches else None
             return current
         # Every rank calls this at the same point: the gather inside is a collective.
-        self._next = self._gathered(self.state.global_step + 2, batches[0]) if batches else None
+        step = self.trainer.state.global_step + 2
+        self._next = self._gathered(step, batches[0]) if batches else None
         return current
 
-    def _prepare_inputs(self, generation_batch):
-        inputs = super()._prepare_inputs(generation_batch)
-        if self._next_rows is not None and self.model.training:  # every rank, in step
+    def prepare_inputs(self, call, generation_batch):
+        inputs = call(generation_batch)
+        if self._next_rows is not None and self.trainer.model.training:  # every rank, in step
             rows, self._next_rows = self._next_rows, None
-            first = self._first_round_rows(rows)
+            first = self.rollouts.first_round_rows(rows)
             if first is not None:
                 self._sync_weights_once()  # a step without a round has not pushed yet
-                self._next = self._gathered(self.state.global_step + 2, first)
+                self._next = self._gathered(self.trainer.state.global_step + 2, first)
                 self._send_next()
         return inputs
-
-    def _first_round_rows(self, rows: list[dict]) -> list[dict] | None:
-        """The rows the next step's first round will generate for (RolloutMixin's rules):
-        None when the groups carried over fill it on every process."""
-        if not self._round_needed(len(rows) // self.num_generations, len(self._carried)):
-            return None
-        return self._round_rows(rows, 0, peek=True)
 
     def _gathered(self, step: int, rows: list[dict]) -> Pending:
         from accelerate.utils import gather_object
 
         prompts = copy.deepcopy([row["prompt"] for row in rows])  # as TRL's _generate
-        prompt_ids, images, _ = self._tokenize_prompts(prompts)
+        prompt_ids, images, _ = trl_adapter.tokenize_prompts(self.trainer, prompts)
         everyone = gather_object(prompt_ids)
-        main = self.accelerator.is_main_process and images is None
+        main = self.trainer.accelerator.is_main_process and images is None
         return Pending(step, prompt_ids, everyone if main else None)
 
     # ---- a step's first generation ---------------------------------------------------------
 
-    def _generate_single_turn(
-        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
-    ):
-        step = self.state.global_step + 1
-        first = self._async_on and self.model.training and self._async_step != step
-        if not first or images is not None:  # later rounds, tool turns, eval: TRL's
-            if self._async_on and self.model.training:
+    def generate_single_turn(self, call, prompt_ids, images, *rest):
+        trainer = self.trainer
+        step = trainer.state.global_step + 1
+        training = trainer.model.training
+        if not (training and self._step != step) or images is not None:
+            # later rounds, tool turns, eval: TRL's
+            if training:
                 self._sync_weights_once()  # a push deferred below, with the pool's versions
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
-        self._async_step = step
+            return call(prompt_ids, images, *rest)
+        self._step = step
         item, self._pending = self._pending, None
         waited = time.monotonic()
         decision = None
-        if self.accelerator.is_main_process:
+        if trainer.accelerator.is_main_process:
             ready = item is not None and item.step == step
             payload = self._collect(item) if ready else None
             decision = self._decide(item if ready else None, prompt_ids, payload, waited)
         decision = self._shared(decision)
-        if not (decision["use"] and self._after_rounds):
+        if not (decision["use"] and self.rollouts is not None):
             # With rounds the next request waits for the rounds' decision and pushes then
-            # (_prepare_inputs); a step filled by carried groups sends it with no push between.
+            # (prepare_inputs); a step filled by carried groups sends it with no push between.
             self._sync_weights_once()
         self._record(decision)
         if decision["use"]:
             result = self._local_slice(decision["payload"], prompt_ids, item)
         else:
-            result = super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            result = call(prompt_ids, images, *rest)
         self._send_next()
         return result
 
@@ -262,8 +247,9 @@ class AsyncGenerationMixin:
     def _decide(self, item: Pending | None, prompt_ids, payload, waited: float) -> dict:
         """The main process's decision for this step, shared with the others."""
         now = time.monotonic()
-        ages = None if item is None else sample_staleness(item, payload, self.state.global_step)
-        stale = [age for age in ages or [] if age > self.args.max_staleness]
+        trained = self.trainer.state.global_step
+        ages = None if item is None else sample_staleness(item, payload, trained)
+        stale = [age for age in ages or [] if age > self.trainer.args.max_staleness]
         use = item is not None and not stale and item.all_prompt_ids is not None
         use = use and item.prompt_ids == prompt_ids
         serving = None  # the server's request seconds since the step before consumed
@@ -284,14 +270,14 @@ class AsyncGenerationMixin:
     def _shared(self, decision: dict | None) -> dict:
         from accelerate.utils import broadcast_object_list
 
-        if self.accelerator.num_processes == 1:
+        if self.trainer.accelerator.num_processes == 1:
             return decision
         box = [decision]
         broadcast_object_list(box, from_process=0)
         return box[0]
 
     def _record(self, decision: dict) -> None:
-        metrics = self._metrics["train"]
+        metrics = trl_adapter.metrics(self.trainer)
         if decision["staleness"] is not None:
             mean, worst = decision["staleness"]
             metrics["async/staleness_mean"].append(float(mean))
@@ -300,13 +286,12 @@ class AsyncGenerationMixin:
         metrics["async/dropped_stale"].append(float(decision["dropped"]))
         metrics["async/queue_depth"].append(float(decision["ready_before"]))
         metrics["async/wait_s"].append(decision["wait_s"])
-        record = getattr(self, "add_step_time", None)  # train/step_time.py: time/server_busy
-        if decision["server_s"] is not None and record is not None:
-            record("server_generation", decision["server_s"])
+        if decision["server_s"] is not None and self.clock is not None:
+            self.clock.add("server_generation", decision["server_s"])  # time/server_busy
 
     def _local_slice(self, payload: tuple, prompt_ids, item: Pending | None):
         completion_ids, logprobs = payload[0], payload[1]
-        rank, size = self.accelerator.process_index, len(prompt_ids)
+        rank, size = self.trainer.accelerator.process_index, len(prompt_ids)
         if item is None or item.prompt_ids != prompt_ids:
             raise RuntimeError(
                 "async_generation: this process's prompts differ from the main process's "
@@ -318,13 +303,14 @@ class AsyncGenerationMixin:
     def _sync_weights_once(self) -> None:
         """TRL's rule, before the step's generation: push the weights once per step (the
         interval is vllm_sync.py's); afterwards TRL's own call finds nothing to do."""
-        if self.state.global_step != self._last_loaded_step:
-            self.vllm_generation.sync_weights()
-            self._last_loaded_step = self.state.global_step
-            pool = getattr(self.vllm_generation, "_client", None)
-            version = getattr(self.vllm_generation, "synced_step", None)
-            if isinstance(pool, ServerPool) and version is not None:
-                pool.mark_synced(version)  # the servers that took this push hold `version`
+        trainer = self.trainer
+        step = trainer.state.global_step
+        if step != trl_adapter.last_loaded_step(trainer):
+            trainer.vllm_generation.sync_weights()
+            trl_adapter.set_last_loaded_step(trainer, step)
+            pool = self.sync.pool()
+            if pool is not None and self.sync.synced_step is not None:
+                pool.mark_synced(self.sync.synced_step)  # the servers that took this push
 
     # ---- the worker --------------------------------------------------------------------------
 
@@ -332,20 +318,21 @@ class AsyncGenerationMixin:
         item, self._next = self._next, None
         if item is None:
             return
-        item.version = getattr(self.vllm_generation, "synced_step", None)
+        item.version = self.sync.synced_step
         if item.version is None:
-            item.version = self.state.global_step
+            item.version = self.trainer.state.global_step
         self._pending = item
         if item.all_prompt_ids is None:  # not the main process: it only keeps the prompts
             return
         if self._worker is None:
-            self._worker = GenerationWorker(self._request, self.args.vllm_server_timeout)
+            timeout = self.trainer.args.vllm_server_timeout
+            self._worker = GenerationWorker(self._request, timeout)
         self._worker.submit(item)
 
     def _request(self, all_prompt_ids: list[list[int]]) -> tuple:
         """TRL's server request for every process's prompts (vllm_generation.py), in the
         worker thread: unique prompts, num_generations completions each."""
-        generation, n = self.vllm_generation, self.num_generations
+        generation, n = self.trainer.vllm_generation, self.trainer.num_generations
         output = generation.vllm_client.generate(
             prompts=all_prompt_ids[::n],
             n=n,
@@ -368,7 +355,7 @@ class AsyncGenerationMixin:
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
-    def _async_state(self) -> dict:
+    def _state(self) -> dict:
         item = self._pending
         if item is None:
             return {"step": -1}
@@ -386,7 +373,7 @@ class AsyncGenerationMixin:
             "payload": payload,
         }
 
-    def _load_async_state(self, state: dict) -> None:
+    def _load(self, state: dict) -> None:
         if state["step"] < 0:
             self._pending = None
             return

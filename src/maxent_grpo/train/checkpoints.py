@@ -26,66 +26,72 @@ from maxent_grpo.timers import timed
 from maxent_grpo.train.state import state_registry
 
 
-class CompleteCheckpointsMixin:
-    """Trainer mixin: mark checkpoints complete after saving, rotate only complete ones, and
-    save and restore the registered trainer state (train/state.py) with every checkpoint.
+class CompleteCheckpoints:
+    """Component (train/components.py), every trainer: mark checkpoints complete after saving,
+    rotate only complete ones, and save and restore the registered trainer state
+    (train/state.py) with every checkpoint. The only component with checkpoint hooks: the
+    others register their state instead."""
 
-    Mixed in before TRL's trainer class (`class T(CompleteCheckpointsMixin, GRPOTrainer)`).
-    The only mixin that overrides checkpoint saving and loading: other components register
-    their state instead.
-    """
+    name = "checkpoints"
+    needs = ()
 
-    def _save_checkpoint(self, model, trial):
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def save_checkpoint(self, call, model, trial):
         with timed("checkpoint_save"):
-            self._save_complete_checkpoint(model, trial)
+            self._save_complete(call, model, trial)
 
-    def _save_complete_checkpoint(self, model, trial):
-        run_dir = Path(self._get_output_dir(trial=trial))
-        checkpoint_dir = run_dir / f"checkpoint-{self.state.global_step}"
+    def _save_complete(self, call, model, trial):
+        trainer = self.trainer
+        run_dir = Path(trainer.args.output_dir)  # no hyperparameter search: no trial dirs
+        step = trainer.state.global_step
+        checkpoint_dir = run_dir / f"checkpoint-{step}"
         if (checkpoint_dir / CHECKPOINT_MARKER).is_file():
             # Already saved at this step (e.g. a stop signal right after a periodic save):
             # rewriting it would make a complete checkpoint incomplete for a while.
             return
         # TRL/HF rotate inside _save_checkpoint, before we could mark the new one complete:
         # a kill in between would leave nothing to resume. Rotate ourselves, afterwards.
-        limit = self.args.save_total_limit
-        self.args.save_total_limit = None
+        limit = trainer.args.save_total_limit
+        trainer.args.save_total_limit = None
         try:
-            super()._save_checkpoint(model, trial)
+            call(model, trial)
         finally:
-            self.args.save_total_limit = limit
-        accelerator = self.accelerator
-        state_registry(self).save(
+            trainer.args.save_total_limit = limit
+        accelerator = trainer.accelerator
+        state_registry(trainer).save(
             checkpoint_dir, accelerator.process_index, accelerator.num_processes
         )
-        failpoint("checkpoint_unmarked", self.state.global_step)
-        self.accelerator.wait_for_everyone()
-        if self.args.should_save:
-            mark_checkpoint_complete(checkpoint_dir, self.state.global_step)
-            emit(run_dir, "checkpoint", step=self.state.global_step, path=str(checkpoint_dir))
+        failpoint("checkpoint_unmarked", step)
+        accelerator.wait_for_everyone()
+        if trainer.args.should_save:
+            mark_checkpoint_complete(checkpoint_dir, step)
+            emit(run_dir, "checkpoint", step=step, path=str(checkpoint_dir))
             delete_checkpoints(checkpoints_to_delete(list_checkpoints(run_dir), limit))
-        self.accelerator.wait_for_everyone()
+        accelerator.wait_for_everyone()
 
-    def _save_optimizer_and_scheduler(self, output_dir):
-        failpoint("checkpoint_partial", self.state.global_step)
-        return super()._save_optimizer_and_scheduler(output_dir)
+    def save_optimizer(self, call, output_dir):
+        failpoint("checkpoint_partial", self.trainer.state.global_step)
+        return call(output_dir)
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
+    def load_optimizer(self, call, checkpoint):
         """HF Trainer's one call on a resume, on every back end: the optimizer and scheduler,
         then every piece of registered state."""
         if checkpoint is None:
             return
-        self._load_optimizer_and_scheduler_only(checkpoint)
-        accelerator = self.accelerator
-        state_registry(self).load(
+        self._load_optimizer_and_scheduler(call, checkpoint)
+        accelerator = self.trainer.accelerator
+        state_registry(self.trainer).load(
             Path(checkpoint), accelerator.process_index, accelerator.num_processes
         )
 
-    def _load_optimizer_and_scheduler_only(self, checkpoint):
-        device = self.args.device
-        plain = not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
+    def _load_optimizer_and_scheduler(self, call, checkpoint):
+        trainer = self.trainer
+        device = trainer.args.device
+        plain = not (trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled)
         if device.type != "cpu" or device.index is None or not plain:
-            return super()._load_optimizer_and_scheduler(checkpoint)
+            return call(checkpoint)
         # Multi-process CPU runs: transformers passes map_location=cpu:0, which torch.load
         # cannot restore ("don't know how to restore data location ... cpu:0"). Its plain
         # (no DeepSpeed/FSDP/XLA) branch, with map_location="cpu".
@@ -94,7 +100,7 @@ class CompleteCheckpointsMixin:
 
         optimizer, scheduler = Path(checkpoint) / OPTIMIZER_NAME, Path(checkpoint) / SCHEDULER_NAME
         if optimizer.is_file() and scheduler.is_file():
-            for target, path in ((self.optimizer, optimizer), (self.lr_scheduler, scheduler)):
+            for target, path in ((trainer.optimizer, optimizer), (trainer.lr_scheduler, scheduler)):
                 target.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 

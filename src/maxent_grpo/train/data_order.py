@@ -35,10 +35,16 @@ def epoch_seeded(sampler, current_epoch):
     return EpochSeeded()
 
 
-class EpochOrderMixin:
-    """Trainer mixin (before TRL's trainer class): the train sampler through epoch_seeded."""
+class EpochOrder:
+    """Component (train/components.py): the train sampler through epoch_seeded."""
 
-    def _get_train_sampler(self, dataset=None):
+    name = "data_order"
+    needs = ()
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def train_sampler(self, call, dataset=None):
         # state.epoch is the epochs done (a float: 2.35 in the middle of the third) when the
         # dataloader is iterated at each epoch's start, on a resume too (loaded before).
-        return epoch_seeded(super()._get_train_sampler(dataset), lambda: int(self.state.epoch or 0))
+        return epoch_seeded(call(dataset), lambda: int(self.trainer.state.epoch or 0))

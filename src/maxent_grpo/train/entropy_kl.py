@@ -18,8 +18,8 @@ TRL computes for its penalty (k3 estimate, mean over the micro-batch's completio
 outside tool output, averaged over processes), so beta must be > 0. The rule reads only the
 micro-batch in hand: nothing carries over between steps, so nothing is registered.
 
-Overrides (see docs/architecture.md): `_compute_loss` (wrapped: the inputs are kept for the
-hook) and `_get_per_token_logps_and_entropies` (after TRL's, inside `_compute_loss` only).
+Hooks (train/components.py): `_compute_loss` (wrapped: the inputs are kept for the next) and
+`_get_per_token_logps_and_entropies` (after TRL's, inside `_compute_loss` only).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from maxent_grpo.train import trl_adapter
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class EntropyKLRule:
 
 def rule_of(args) -> EntropyKLRule | None:
     """The recipe's rule (GRPOConfig's `entropy_kl_*` keys); None without entropy_kl_threshold."""
-    if getattr(args, "entropy_kl_threshold", None) is None:
+    if args.entropy_kl_threshold is None:
         return None
     return EntropyKLRule(
         threshold=args.entropy_kl_threshold,
@@ -75,36 +77,39 @@ def vocabulary_size(model, tokenizer) -> int:
     return min(s for s in sizes if s and s > 1)
 
 
-class EntropyKLMixin:
-    """For a TRL GRPOTrainer whose args are our GRPOConfig. Without entropy_kl_threshold and
-    entropy_normalize_by_max it changes nothing: TRL's entropy_coef applies as it is."""
+class EntropyKL:
+    """Component (train/components.py), on with entropy_kl_threshold or
+    entropy_normalize_by_max: the entropy_coef TRL applies, per micro-batch."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._entropy_rule = rule_of(self.args)
-        self._entropy_base = self.entropy_coef
-        self._entropy_scale = 1.0
-        if getattr(self.args, "entropy_normalize_by_max", False):
-            self._entropy_scale = math.log(vocabulary_size(self.model, self.processing_class))
-            self.entropy_coef = self._entropy_base / self._entropy_scale
-        self._entropy_inputs = None  # the inputs of the loss being computed
+    name = "entropy_kl"
+    needs = ()
 
-    def _compute_loss(self, model, inputs):
-        self._entropy_inputs = inputs if self._entropy_rule and self.model.training else None
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self._rule = rule_of(trainer.args)
+        self._base = trainer.entropy_coef
+        self._scale = 1.0
+        if trainer.args.entropy_normalize_by_max:
+            self._scale = math.log(vocabulary_size(trainer.model, trainer.processing_class))
+            trainer.entropy_coef = self._base / self._scale
+        self._inputs = None  # the inputs of the loss being computed
+
+    def loss(self, call, model, inputs):
+        self._inputs = inputs if self._rule and self.trainer.model.training else None
         try:
-            return super()._compute_loss(model, inputs)
+            return call(model, inputs)
         finally:
-            self._entropy_inputs = None
+            self._inputs = None
 
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        inputs = self._entropy_inputs
+    def logps_and_entropies(self, call, *args, **kwargs):
+        out = call(*args, **kwargs)
+        inputs = self._inputs
         if inputs is not None and kwargs.get("compute_entropy"):
-            self._entropy_inputs = None  # once per loss
+            self._inputs = None  # once per loss
             kl = self._micro_batch_kl(out[0], inputs)
-            factor = self._entropy_rule.multiplier(kl)
-            self.entropy_coef = self._entropy_base * factor / self._entropy_scale
-            metrics = self._metrics["train"]
+            factor = self._rule.multiplier(kl)
+            self.trainer.entropy_coef = self._base * factor / self._scale
+            metrics = trl_adapter.metrics(self.trainer)
             metrics["entropy_kl/kl"].append(kl)
             metrics["entropy_kl/multiplier"].append(factor)
         return out
@@ -118,4 +123,4 @@ class EntropyKLMixin:
             if "tool_mask" in inputs:
                 mask = mask * inputs["tool_mask"]
             kl = (per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)
-            return self.accelerator.gather(kl.float()).mean().item()
+            return self.trainer.accelerator.gather(kl.float()).mean().item()

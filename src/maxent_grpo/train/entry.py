@@ -37,6 +37,7 @@ from maxent_grpo.rundir.checkpoints import (
 )
 from maxent_grpo.rundir.events import emit
 from maxent_grpo.timers import timed
+from maxent_grpo.train import trl_adapter
 from maxent_grpo.train.checkpoints import make_stop_callback
 from maxent_grpo.train.heartbeat import attach_heartbeat
 from maxent_grpo.train.reference_model import reference_model
@@ -195,7 +196,7 @@ def _build_trainer(recipe, trainer_class):
 
 
 # What a constructor's check raises for a value it refuses (TRL's GRPOTrainer.__init__,
-# transformers' Trainer.__init__, a config's __post_init__, our mixins).
+# transformers' Trainer.__init__, a config's __post_init__, our components).
 _REFUSALS = (ValueError, TypeError, AssertionError, NotImplementedError)
 _CONSTRUCTORS = ("__init__", "__post_init__")
 
@@ -263,7 +264,7 @@ def _train_from_last_checkpoint(trainer, output_dir: Path, training_args) -> flo
         # there, HF Trainer would run one step too many: load it and only save again.
         from transformers import TrainerState
 
-        trainer._load_from_checkpoint(str(checkpoint))
+        trl_adapter.load_from_checkpoint(trainer, str(checkpoint))
         trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
         return None
     resume = str(checkpoint) if checkpoint else None

@@ -23,15 +23,45 @@ def _install_dump_and_excepthook(heartbeat: Heartbeat) -> None:
     sys.excepthook = excepthook
 
 
+class Beats:
+    """Component (train/components.py), every trainer, outermost: beats `generate` and
+    `save` before, `generate_done` and `save_done` after each generation and checkpoint save,
+    once attach_heartbeat has given it the process's heartbeat (none before: tests and
+    benchmarks that build a trainer alone)."""
+
+    name = "heartbeat"
+    needs = ()
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.heartbeat: Heartbeat | None = None
+
+    def _around(self, phase: str, call, *args):
+        heartbeat = self.heartbeat
+        if heartbeat is None:
+            return call(*args)
+        heartbeat.beat(phase, self.trainer.state.global_step)
+        result = call(*args)
+        heartbeat.beat(f"{phase}_done", self.trainer.state.global_step)
+        return result
+
+    def generate(self, call, prompts):
+        return self._around("generate", call, prompts)
+
+    def save_checkpoint(self, call, model, trial):
+        return self._around("save", call, model, trial)
+
+
 def attach_heartbeat(trainer) -> Heartbeat:
-    """Beat from the trainer's callbacks and around its generation; register DUMP_SIGNAL and
-    the exit report. Call once per process, after the trainer is built."""
+    """Beat from the trainer's callbacks and, through its Beats component, around its
+    generations and saves; register DUMP_SIGNAL and the exit report. Call once per process,
+    after the trainer is built."""
     from transformers import TrainerCallback
 
     heartbeat = Heartbeat(trainer.args.output_dir)
     _install_dump_and_excepthook(heartbeat)
 
-    class Beats(TrainerCallback):
+    class Callbacks(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             heartbeat.step_began = time.monotonic()
             heartbeat.beat("train_begin", state.global_step)
@@ -48,24 +78,7 @@ def attach_heartbeat(trainer) -> Heartbeat:
         def on_train_end(self, args, state, control, **kwargs):
             heartbeat.beat("train_end", state.global_step)
 
-    trainer.add_callback(Beats())
-    _wrap(trainer, "_generate", heartbeat, "generate")
-    _wrap(trainer, "_save_checkpoint", heartbeat, "save")
+    trainer.add_callback(Callbacks())
+    trainer.component("heartbeat").heartbeat = heartbeat
     heartbeat.beat("built", trainer.state.global_step)
     return heartbeat
-
-
-def _wrap(trainer, name: str, heartbeat: Heartbeat, phase: str) -> None:
-    """Beat `<phase>` before and `<phase>_done` after the trainer's method `name` (an
-    instance attribute: the trainer's class, whichever method it is, stays as it is)."""
-    method = getattr(trainer, name, None)
-    if method is None:
-        return
-
-    def wrapped(*args, **kwargs):
-        heartbeat.beat(phase, trainer.state.global_step)
-        result = method(*args, **kwargs)
-        heartbeat.beat(f"{phase}_done", trainer.state.global_step)
-        return result
-
-    setattr(trainer, name, wrapped)

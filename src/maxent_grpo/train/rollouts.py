@@ -5,7 +5,7 @@ the recipe's `rollout_filters` (maxent_grpo/rollout_filters.py: the filters, by 
 trains on the groups that pass. While a step has fewer than it needs, another round is
 generated, at most `max_generation_rounds` in all; survivors beyond what the step needs are
 carried over to the next step. The trainer side (tensors, processes, checkpoints) is
-`train/rollout_mixin.py`; docs/rollouts.md explains the keys.
+`train/rollout_rounds.py`; docs/rollouts.md explains the keys.
 """
 
 from __future__ import annotations

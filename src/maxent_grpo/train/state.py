@@ -6,10 +6,11 @@ registers it once, by name, with a function that returns it and one that restore
 
     state_registry(trainer).register("kl_controller", controller.state_dict, load)
 
-CompleteCheckpointsMixin (train/checkpoints.py) is the one place that uses the registry: it
-writes every piece into the checkpoint before the completion marker, and reads every piece
-back on resume, on every back end (HF Trainer calls `_load_optimizer_and_scheduler` once on
-a resume whatever the back end; the mixin loads the registry after it, on every path).
+The CompleteCheckpoints component (train/checkpoints.py) is the one place that uses the
+registry: it writes every piece into the checkpoint before the completion marker, and reads
+every piece back on resume, on every back end (HF Trainer calls `_load_optimizer_and_scheduler`
+once on a resume whatever the back end; the component loads the registry after it, on every
+path).
 Each process writes its own file (`registered_state-<process>.pt`): per-process pieces (the
 carried groups of that process) differ between processes, the others are the same in every
 file. A registered piece that the checkpoint lacks, or cannot be restored, is an error naming
@@ -135,7 +136,7 @@ def _read(checkpoint: Path, process: int) -> tuple[dict, bool]:
 
 
 def state_registry(trainer) -> StateRegistry:
-    """The trainer's registry (made on first use: mixins register from their __init__)."""
+    """The trainer's registry (made on first use: components register from their __init__)."""
     registry = trainer.__dict__.get("_state_registry")
     if registry is None:
         registry = trainer.__dict__["_state_registry"] = StateRegistry()

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 
 from maxent_grpo.timers import timed
+from maxent_grpo.train import trl_adapter
+from maxent_grpo.train.vllm_sync import server_mode
 
 PREFIX = "time/"
 PARTS = ("generation", "rewards", "sync", "training", "server_start")
@@ -55,94 +56,92 @@ def step_split(parts: dict[str, float], step_s: float, server: bool) -> dict[str
 def _callback():
     from transformers import TrainerCallback  # heavy: transformers
 
-    class StepClock(TrainerCallback):
-        """Opens each optimizer step, times the optimizer, closes the step into _metrics."""
+    class StepCallback(TrainerCallback):
+        """Opens each optimizer step, times the optimizer, closes the step into the metrics."""
 
-        def __init__(self, trainer):
-            self.trainer = trainer
+        def __init__(self, clock):
+            self.clock = clock
 
         def on_step_begin(self, args, state, control, **kwargs):
-            if self.trainer._step_started is None:
-                self.trainer._step_started = time.perf_counter()
+            if self.clock.step_started is None:
+                self.clock.step_started = time.perf_counter()
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            self.trainer._optimizer_started = time.perf_counter()
+            self.clock.optimizer_started = time.perf_counter()
 
         def on_optimizer_step(self, args, state, control, **kwargs):
-            started = self.trainer._optimizer_started
+            started = self.clock.optimizer_started
             if started is not None:
-                self.trainer.add_step_time("training", time.perf_counter() - started)
+                self.clock.add("training", time.perf_counter() - started)
 
         def on_step_end(self, args, state, control, **kwargs):
             with timed("step_time_split"):  # the split's own cost, for bench/
-                self.trainer._close_step()
+                self.clock.close_step()
 
-    return StepClock
+    return StepCallback
 
 
-class StepTimeMixin:
-    """Trainer mixin: the `time/*` metrics of each optimizer step. Put it before TRL's class."""
+class StepClock:
+    """Component (train/components.py), every RL trainer: the `time/*` metrics of each
+    optimizer step. Others report their parts through `add` (VLLMSync: sync, server_start;
+    AsyncGeneration: server_generation)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._step_parts: dict[str, float] = defaultdict(float)
-        self._step_started: float | None = None
-        self._optimizer_started: float | None = None
+    name = "step_clock"
+    needs = ()
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.server = server_mode(trainer.args)
+        self.parts: dict[str, float] = defaultdict(float)
+        self.step_started: float | None = None
+        self.optimizer_started: float | None = None
         self._preparing = 0.0  # seconds of _prepare_inputs inside the current training_step
-        self.add_callback(_callback()(self))
+        trainer.add_callback(_callback()(self))
 
-    def add_step_time(self, part: str, seconds: float) -> None:
-        self._step_parts[part] += seconds
+    def add(self, part: str, seconds: float) -> None:
+        self.parts[part] += seconds
 
-    @contextmanager
-    def _timed_part(self, part: str, timer: str):
-        start = time.perf_counter()
-        with timed(timer):
-            yield
-        self.add_step_time(part, time.perf_counter() - start)
-
-    def _server_mode(self) -> bool:
-        args = self.args
-        return bool(getattr(args, "use_vllm", False)) and args.vllm_mode == "server"
-
-    def _close_step(self) -> None:
-        if self._step_started is None:
+    def close_step(self) -> None:
+        if self.step_started is None:
             return
-        step_s = time.perf_counter() - self._step_started
-        metrics = step_split(self._step_parts, step_s, self._server_mode())
-        for name, value in metrics.items():
-            self._metrics["train"][name].append(value)
-        self._step_parts.clear()
-        self._step_started = None
+        step_s = time.perf_counter() - self.step_started
+        metrics = trl_adapter.metrics(self.trainer)
+        for name, value in step_split(self.parts, step_s, self.server).items():
+            metrics[name].append(value)
+        self.parts.clear()
+        self.step_started = None
 
     def _parts_s(self) -> float:
-        return sum(self._step_parts.get(part, 0.0) for part in PARTS)
+        return sum(self.parts.get(part, 0.0) for part in PARTS)
 
-    def _generate(self, *args, **kwargs):
+    def generate(self, call, prompts):
         before = self._parts_s()
         start = time.perf_counter()
         with timed("generation"):
-            result = super()._generate(*args, **kwargs)
+            result = call(prompts)
         # the weight sync and the server's start TRL waits for inside _generate are their own
         inner = self._parts_s() - before
-        self.add_step_time("generation", time.perf_counter() - start - inner)
+        self.add("generation", time.perf_counter() - start - inner)
         return result
 
-    def _calculate_rewards(self, *args, **kwargs):
-        with self._timed_part("rewards", "rewards"):
-            return super()._calculate_rewards(*args, **kwargs)
+    def rewards(self, call, *args):
+        start = time.perf_counter()
+        with timed("rewards"):
+            result = call(*args)
+        self.add("rewards", time.perf_counter() - start)
+        return result
 
-    def _prepare_inputs(self, *args, **kwargs):
+    def prepare_inputs(self, call, generation_batch):
         start = time.perf_counter()
         try:
-            return super()._prepare_inputs(*args, **kwargs)
+            return call(generation_batch)
         finally:
             self._preparing += time.perf_counter() - start
 
-    def training_step(self, *args, **kwargs):
+    def training_step(self, call, *args):
         self._preparing = 0.0
         start = time.perf_counter()
         with timed("training_step"):  # the micro-batch, its input preparation included
-            result = super().training_step(*args, **kwargs)
-        self.add_step_time("training", time.perf_counter() - start - self._preparing)
+            result = call(*args)
+        self.add("training", time.perf_counter() - start - self._preparing)
         return result

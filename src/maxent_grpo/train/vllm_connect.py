@@ -101,7 +101,7 @@ def deferred_generation_class():
 
         _client = None
         logprobs_check_due = False
-        run_dir = None  # output_dir: the server pool's events (set by VLLMSyncMixin)
+        run_dir = None  # output_dir: the server pool's events (set by the VLLMSync component)
 
         @property
         def vllm_client(self):
@@ -137,27 +137,35 @@ def deferred_generation_class():
             self.vllm_client.init_communicator(device=self.accelerator.device)
 
         def _open_pool(self, urls: tuple[str, ...]) -> ServerPool:
-            """A client per server (each waited for), behind one pool (train/server_pool.py)."""
-            clients = []
-            for index, url in enumerate(urls):
-                wait_for_server(url, self.server_timeout)
-                clients.append(self._new_client(url, group_port_of(self.group_port, index)))
-            event = functools.partial(emit, self.run_dir) if self.run_dir else None
-            pool = ServerPool(clients, self.server_timeout, *([event] if event else []))
-            self._init_pool(pool)
-            return pool
+            return _open_pool(self, urls)
 
         def _new_client(self, url: str, group_port: int):
-            from trl.generation.vllm_client import VLLMClient  # TRL is slow to import
-
-            # The run's token goes to the servers the launcher started, not to a server of
-            # vllm_server_base_url (started elsewhere, which has no use for it).
-            ours = self.server_base_url is None
-            kind = authorized_client_class() if ours else VLLMClient
-            return kind(base_url=url, group_port=group_port, connection_timeout=self.server_timeout)
+            return _new_client(self, url, group_port)
 
         def _init_pool(self, pool: ServerPool) -> None:
             """NCCL sync: a weight-transfer group per server, as TRL opens one."""
             pool.init_communicator(self.accelerator.device)
 
     return DeferredVLLMGeneration
+
+
+def _open_pool(generation, urls: tuple[str, ...]) -> ServerPool:
+    """A client per server (each waited for), behind one pool (train/server_pool.py)."""
+    clients = []
+    for index, url in enumerate(urls):
+        wait_for_server(url, generation.server_timeout)
+        clients.append(generation._new_client(url, group_port_of(generation.group_port, index)))
+    event = functools.partial(emit, generation.run_dir) if generation.run_dir else None
+    pool = ServerPool(clients, generation.server_timeout, *([event] if event else []))
+    generation._init_pool(pool)
+    return pool
+
+
+def _new_client(generation, url: str, group_port: int):
+    from trl.generation.vllm_client import VLLMClient  # TRL is slow to import
+
+    # The run's token goes to the servers the launcher started, not to a server of
+    # vllm_server_base_url (started elsewhere, which has no use for it).
+    ours = generation.server_base_url is None
+    kind = authorized_client_class() if ours else VLLMClient
+    return kind(base_url=url, group_port=group_port, connection_timeout=generation.server_timeout)

@@ -24,12 +24,9 @@ also the bytes it wrote, `vllm/weight_sync_bytes`.
 `vllm_sync_interval_steps: N` skips the syncs between every N optimizer steps (`sync_due`);
 `vllm/policy_lag_steps` is how many steps old the server's weights are at each generation.
 
-Trainers get this by including the mixin before TRL's trainer class:
-
-    class GRPOTrainer(CompleteCheckpointsMixin, VLLMSyncMixin, trl.GRPOTrainer): ...
-
-In server mode the mixin makes TRL build its vLLM backend (VLLMGeneration) as our subclass
-for the duration of the trainer's __init__: one that connects at its first use
+In server mode our trainer (train/trl_adapter.py `HookedTrainer`, through `vllm_backend`)
+makes TRL build its vLLM backend (VLLMGeneration) as our subclass for the duration of its
+__init__: one that connects at its first use
 (train/vllm_connect.py), so the trainers start while the server boots; in disk mode also
 without the NCCL communicator, which TRL would open and which raises without CUDA. Nothing
 else of TRL is changed.
@@ -49,6 +46,7 @@ from urllib.parse import urlparse
 
 from maxent_grpo.errors import UserError
 from maxent_grpo.faults import failpoint
+from maxent_grpo.train import trl_adapter
 from maxent_grpo.train.server_pool import ServerPool, for_each
 from maxent_grpo.train.vllm_connect import deferred_generation_class
 
@@ -66,13 +64,16 @@ SHARD_BYTES = 2 * 1024**3
 _patch_lock = threading.Lock()
 
 
+def server_mode(args) -> bool:
+    """Whether a vLLM server generates (`use_vllm` and `vllm_mode: server`): the trainer's one
+    test of it."""
+    return bool(args.use_vllm) and args.vllm_mode == "server"
+
+
 def weight_sync_mode(args) -> str | None:
-    """'nccl' or 'disk' when the trainer syncs weights into a vLLM server; None otherwise."""
-    if args is None or not getattr(args, "use_vllm", False):
-        return None
-    if getattr(args, "vllm_mode", "colocate") != "server":
-        return None
-    return getattr(args, "vllm_weight_sync", "nccl")
+    """'nccl', 'disk' or 'lora' when the trainer syncs weights into a vLLM server; None
+    otherwise."""
+    return args.vllm_weight_sync if server_mode(args) else None
 
 
 def check_weight_sync(args, cuda_available: bool | None = None) -> str | None:
@@ -87,7 +88,7 @@ def check_weight_sync(args, cuda_available: bool | None = None) -> str | None:
             import torch
 
             cuda_available = torch.cuda.is_available()
-        if not cuda_available or getattr(args, "use_cpu", False):
+        if not cuda_available or args.use_cpu:
             raise UserError(
                 "vllm_weight_sync: nccl needs CUDA in the trainer (TRL's NCCL weight-transfer "
                 "engine) but training runs on CPU; set vllm_weight_sync: disk"
@@ -195,7 +196,7 @@ def disk_generation_class():
                 target = self.weights_dir / f"sync-{uuid.uuid4().hex[:12]}"
                 writer = _SafetensorsWriter(target)
             try:
-                for name, tensor in self._iter_named_params():
+                for name, tensor in trl_adapter.iter_named_params(self):
                     if writer is not None:
                         writer.add(name, tensor)
                 if writer is not None:
@@ -303,9 +304,9 @@ def sync_due(step: int, synced_step: int | None, interval: int) -> bool:
     return interval <= 1 or synced_step is None or step - synced_step >= interval
 
 
-def _log_servers(metrics, client) -> None:
+def _log_servers(metrics, client: ServerPool | None) -> None:
     """vllm_nodes > 1 (a ServerPool): each server's sync seconds, and prompts served so far."""
-    if not isinstance(client, ServerPool):
+    if client is None:
         return
     for url, seconds in client.last_sync_seconds.items():
         metrics[f"{WEIGHT_SYNC_METRIC}/{urlparse(url).netloc}"].append(seconds)
@@ -313,66 +314,79 @@ def _log_servers(metrics, client) -> None:
         metrics[f"vllm/prompts_served/{urlparse(url).netloc}"].append(served)
 
 
-class VLLMSyncMixin:
-    """Trainer mixin: `vllm_weight_sync` (nccl | disk) and the weight-sync time metric.
+def backend_factory(args):
+    """What GRPOTrainer.__init__ must build where TRL builds VLLMGeneration, in server mode (one
+    that connects at its first use, train/vllm_connect.py); None: TRL's own."""
+    mode = check_weight_sync(args)
+    if mode is None:
+        return None
+    if mode == "disk":
+        return functools.partial(disk_generation_class(), weights_dir=weights_dir(args))
+    if mode == "lora":
+        lora_dir = Path(args.output_dir).resolve() / LORA_DIRNAME
+        return functools.partial(lora_generation_class(), weights_dir=lora_dir)
+    return deferred_generation_class()
 
-    Put it before TRL's trainer class in the bases. Training arguments must be passed as
-    `args=` or as the third positional argument, as TRL's trainers take them.
-    """
 
-    def __init__(self, *args, **kwargs):
-        training_args = kwargs.get("args", args[2] if len(args) > 2 else None)
-        mode = check_weight_sync(training_args)
-        if mode is None:
-            super().__init__(*args, **kwargs)
-        else:  # server mode: connect at the first use (train/vllm_connect.py)
-            factory = deferred_generation_class()
-            if mode == "disk":
-                factory = functools.partial(
-                    disk_generation_class(), weights_dir=weights_dir(training_args)
-                )
-            elif mode == "lora":
-                lora_dir = Path(training_args.output_dir).resolve() / LORA_DIRNAME
-                factory = functools.partial(lora_generation_class(), weights_dir=lora_dir)
-            with _vllm_generation_replaced(type(self), factory):
-                super().__init__(*args, **kwargs)
-        self.vllm_weight_sync = mode
-        if getattr(self, "use_vllm", False) and hasattr(self, "vllm_generation"):
-            self._time_weight_sync()
+@contextlib.contextmanager
+def vllm_backend(trainer_cls: type, args, method: str):
+    """Around TRL's trainer __init__: our vLLM backend in server mode (RL methods only)."""
+    factory = backend_factory(args) if method != "sft" else None
+    if factory is None:
+        yield
+        return
+    with _vllm_generation_replaced(trainer_cls, factory):
+        yield
 
-    def _time_weight_sync(self) -> None:
-        generation = self.vllm_generation
-        generation.run_dir = self.args.output_dir  # the server pool's events
-        sync = generation.sync_weights
-        interval = getattr(self.args, "vllm_sync_interval_steps", 1)
-        synced_step = None
 
-        def timed_sync():
-            nonlocal synced_step
-            step = self.state.global_step
-            mode = "train" if self.model.training else "eval"
-            if not sync_due(step, synced_step, interval):
-                self._metrics[mode][POLICY_LAG_METRIC].append(step - synced_step)
-                return
-            record = getattr(self, "add_step_time", None)  # train/step_time.py
-            connect = getattr(generation, "connect", None)
-            if connect is not None and self.accelerator.is_main_process:
-                waited = time.perf_counter()
-                connect()  # the first sync waits for the server: not part of its time
-                if record is not None:
-                    record("server_start", time.perf_counter() - waited)
-            failpoint("weight_push", step + 1)
-            start = time.perf_counter()
-            sync()
-            seconds = time.perf_counter() - start
-            synced_step = generation.synced_step = step  # the server's policy version
-            self._metrics[mode][WEIGHT_SYNC_METRIC].append(seconds)
-            _log_servers(self._metrics[mode], getattr(generation, "_client", None))
-            self._metrics[mode][POLICY_LAG_METRIC].append(0)
-            sent = getattr(generation, "last_sync_bytes", None)  # disk sync, main process
-            if sent is not None:
-                self._metrics[mode][SYNC_BYTES_METRIC].append(sent)
-            if record is not None:
-                record("sync", seconds)
+class VLLMSync:
+    """Component (train/components.py), with `use_vllm`: times every weight sync (metrics, the
+    step clock's `sync` and `server_start`), applies `vllm_sync_interval_steps` and keeps the
+    servers' policy version (`synced_step`)."""
 
-        generation.sync_weights = timed_sync
+    name = "vllm_sync"
+    needs = ("step_clock",)
+
+    def __init__(self, trainer, step_clock=None):
+        self.trainer = trainer
+        self.clock = step_clock
+        self.mode = weight_sync_mode(trainer.args)
+        self.generation = trainer.vllm_generation
+        self.generation.run_dir = trainer.args.output_dir  # the server pool's events
+        self.synced_step: int | None = None  # the servers' policy version
+        self._sync = self.generation.sync_weights
+        self.generation.sync_weights = self.timed_sync
+
+    def pool(self) -> ServerPool | None:
+        """The servers (vllm_nodes > 1, train/server_pool.py), or None for one."""
+        client = getattr(self.generation, "_client", None)  # ours: train/vllm_connect.py
+        return client if isinstance(client, ServerPool) else None
+
+    def timed_sync(self) -> None:
+        trainer, generation = self.trainer, self.generation
+        step = trainer.state.global_step
+        metrics = trl_adapter.metrics(trainer, "train" if trainer.model.training else "eval")
+        if not sync_due(step, self.synced_step, trainer.args.vllm_sync_interval_steps):
+            metrics[POLICY_LAG_METRIC].append(step - self.synced_step)
+            return
+        connect = getattr(generation, "connect", None)  # ours (deferred): server mode only
+        if connect is not None and trainer.accelerator.is_main_process:
+            waited = time.perf_counter()
+            connect()  # the first sync waits for the server: not part of its time
+            self._record("server_start", time.perf_counter() - waited)
+        failpoint("weight_push", step + 1)
+        start = time.perf_counter()
+        self._sync()
+        seconds = time.perf_counter() - start
+        self.synced_step = step  # the servers' policy version
+        metrics[WEIGHT_SYNC_METRIC].append(seconds)
+        _log_servers(metrics, self.pool())
+        metrics[POLICY_LAG_METRIC].append(0)
+        sent = getattr(generation, "last_sync_bytes", None)  # disk sync, main process
+        if sent is not None:
+            metrics[SYNC_BYTES_METRIC].append(sent)
+        self._record("sync", seconds)
+
+    def _record(self, part: str, seconds: float) -> None:
+        if self.clock is not None:
+            self.clock.add(part, seconds)
