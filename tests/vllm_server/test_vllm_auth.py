@@ -25,9 +25,9 @@ TEXT = "What is the sum of 12 plus 30? <think> 12 plus 30 </think> <answer> 42 <
 
 
 def prompt_logprobs(http, url: str, ids: list[int]) -> list[float]:
-    model = http.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    model = http.get(f"{url}/v1/models", timeout=300).json()["data"][0]["id"]
     body = {"model": model, "prompt": [ids], "max_tokens": 1, "prompt_logprobs": 0}
-    response = http.post(f"{url}/v1/completions", json=body, timeout=60)
+    response = http.post(f"{url}/v1/completions", json=body, timeout=300)
     assert response.status_code == 200, response.text
     per_position = response.json()["choices"][0]["prompt_logprobs"]
     return [per_position[i][str(ids[i])]["logprob"] for i in range(1, len(ids))]
@@ -52,7 +52,7 @@ def test_a_stranger_is_refused_everywhere_and_changes_nothing(disk_server, tiny_
     ids = strangers_weights(tiny_model, tmp_path / "other")
     ours = SimpleNamespace(base_url=url, session=http)
     reload_weights(ours, tiny_model)  # the base model, whatever earlier tests pushed
-    http.post(f"{url}/reset_prefix_cache", timeout=30)
+    http.post(f"{url}/reset_prefix_cache", timeout=300)
     before = prompt_logprobs(http, url, ids)
 
     for header in (None, "Bearer not-the-token", "Basic " + http.headers["Authorization"][7:]):
@@ -67,11 +67,11 @@ def test_a_stranger_is_refused_everywhere_and_changes_nothing(disk_server, tiny_
     assert prompt_logprobs(http, url, ids) == before
     # The same reload with the token does change them (the check above can fail) ...
     reload_weights(ours, tmp_path / "other")
-    http.post(f"{url}/reset_prefix_cache", timeout=30)
+    http.post(f"{url}/reset_prefix_cache", timeout=300)
     moved = prompt_logprobs(http, url, ids)
     assert max(abs(a - b) for a, b in zip(moved, before, strict=True)) > 1e-3
     # ... and the base model goes back for the tests after this one.
     reload_weights(ours, tiny_model)
-    http.post(f"{url}/reset_prefix_cache", timeout=30)
+    http.post(f"{url}/reset_prefix_cache", timeout=300)
     back = prompt_logprobs(http, url, ids)
     assert max(abs(a - b) for a, b in zip(back, before, strict=True)) < 1e-5
