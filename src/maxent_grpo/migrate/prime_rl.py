@@ -19,7 +19,8 @@ from maxent_grpo.migrate.whole import NewRecipe
 
 ORIGIN = "prime-rl"
 TASK = "orchestrator.train.source.env.taskset."
-#: prime-rl environments (verifiers tasksets) with a counterpart here: reward and columns.
+#: The prime-rl environments (verifiers tasksets) that have a counterpart here, with its
+#: reward and columns.
 ENVIRONMENTS = {
     "math-env": {
         "reward_funcs": ["boxed_accuracy_math"],

@@ -19,8 +19,8 @@ from maxent_grpo.migrate.verl_keys import ACTOR, DEFAULTS, MODEL, ROLLOUT, fate
 from maxent_grpo.migrate.whole import NewRecipe
 
 ORIGIN = "verl"
-#: verl's data_source values (its default reward: verl/utils/reward_score) -> the built-in here,
-#: and whether the built-in scores differently.
+#: The built-in reward for each of verl's data_source values (its default reward, in
+#: verl/utils/reward_score), and whether the built-in scores differently.
 REWARDS = {
     "openai/gsm8k": ("gsm8k_answer", False, "the last '#### N' equal to the reference"),
     "lighteval/MATH": ("boxed_accuracy_math", True, "_math"),

@@ -66,8 +66,8 @@ _MEMORY += "file in accelerate_config, e.g. recipes/accelerate_configs/zero3.yam
 _REF = "the reference model's log-probs: TRL computes them in its own batches"
 _VLLM = "a vLLM engine setting TRL sets itself when it colocates vLLM"
 
-#: Keys (or prefixes, ending in ".") left out, with what then differs (False: nothing that
-#: changes training; True: listed under behaviour differences).
+#: The keys (or prefixes, ending in ".") left out, with what then differs, and whether that
+#: changes training (then it is listed under behaviour differences).
 LEFT_OUT: dict[str, tuple[str, bool]] = {
     "data.filter_overlong_prompts": (
         "verl drops prompts longer than max_prompt_length; TRL truncates none: "

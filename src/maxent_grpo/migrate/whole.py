@@ -8,6 +8,7 @@ line above each key and the keys left out at the end.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,8 @@ class NewRecipe:
     values: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)  # our key -> where it comes from
     changes: list[Change] = field(default_factory=list)
-    used: set[str] = field(default_factory=set)  # source keys with a fate
+    # builtins.set: the class's own `set` method shadows the type in the annotation's scope
+    used: builtins.set[str] = field(default_factory=set)  # source keys with a fate
 
     def set(self, key: str, value: Any, why: str, *sources: str, differs: bool = False) -> None:
         """Our key from the source's keys (none: a value the meaning needs, said in `why`)."""

@@ -74,7 +74,7 @@ def last_answer_block(text: str) -> str | None:
 def gsm8k_answer(text: str) -> str | None:
     """GSM8K's final answer (after the last ``####``), thousands separators dropped, or None.
 
-    Example: ``"48/2 = 24 ...\n#### 1,024"`` gives ``"1024"``.
+    Example: the text ``"48/2 = 24 ..."`` followed by the line ``"#### 1,024"`` gives ``"1024"``.
     """
     found = _GSM8K_RE.findall(text)
     return found[-1].replace(",", "") if found else None

@@ -86,7 +86,7 @@ def gsm8k_answer(
     compared as a string with the reference (``str()``, stripped); 0.0 without one; None when
     the reference is None.
 
-    Example: with solution ``"72"``, ``"48 + 24 = 72\n#### 72"`` and ``"#### 7,2"`` score 1.0,
+    Example: with solution ``"72"``, ``"48 + 24 = 72\\n#### 72"`` and ``"#### 7,2"`` score 1.0,
     ``"The answer is 72"`` and ``"#### 72.0"`` score 0.0.
     """
     texts = contents(completions)

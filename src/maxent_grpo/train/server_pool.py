@@ -91,6 +91,9 @@ def _no_event(event: str, **fields) -> None:
 
 
 class ServerPool:
+    """One TRL VLLMClient per server behind the client interface TRL's generation uses:
+    requests spread by outstanding work, lost servers dropped and rejoined (module docstring)."""
+
     def __init__(self, clients: list, timeout: float, event: Callable[..., None] = _no_event):
         self.clients = list(clients)
         for client in self.clients:
