@@ -376,7 +376,9 @@ def _run(args) -> int:
             from maxent_grpo.launch.sweep import point_request  # a sweep's task only
 
             request = point_request(request, args.sweep_points)
-        return run_attempt(request, early_signals=tuple(args.early_signals))
+        # The recorder's own list, not a copy: a signal that lands before the attempt's handlers
+        # are set is still in it when the attempt reads it (after setting them).
+        return run_attempt(request, early_signals=args.early_signals)
     if args.command == "plan":
         print(prepare(_request(args), environment=_planned(args), packages=False).describe())
         return 0

@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -207,8 +208,9 @@ class Attempt(Finish):
             print(f"trainers still running after {timeout:g}s; stopping them", flush=True)
         self.abort()
 
-    def run(self, early_signals: tuple[int, ...] = ()) -> int:
-        """early_signals: stop signals that arrived before this process could handle them."""
+    def run(self, early_signals: Sequence[int] = ()) -> int:
+        """early_signals: stop signals that arrived before this process could handle them
+        (read once the attempt's own handlers are set, so none falls between the two)."""
         with _Signals(self):
             for signum in early_signals:
                 self.request_stop(f"{signal.Signals(signum).name} received", signum)
