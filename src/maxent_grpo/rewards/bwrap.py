@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from maxent_grpo.rewards.cgroup import write_control
+
 _SANDBOX_ID = "65534"  # uid and gid of the program inside its user namespace ("nobody")
 NOBODY = 65534  # and outside it, when the trainer is root
 BOX = "/box"  # the program's working directory inside the sandbox
@@ -269,14 +271,6 @@ def _call(name: str, *args) -> None:
         raise OSError(ctypes.get_errno(), name)
 
 
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 def child_setup(options: bytes, ids: tuple[int, int], view: int | None) -> None:
     """preexec_fn part (no locks, no logging): a mount namespace of its own holding /box's
     tmpfs; a root trainer's child enters the view first and ends as uid and gid 65534, another
@@ -288,9 +282,9 @@ def child_setup(options: bytes, ids: tuple[int, int], view: int | None) -> None:
         _call("unshare", _CLONE_NEWNS)
     else:
         _call("unshare", _CLONE_NEWUSER | _CLONE_NEWNS)
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        write_control("/proc/self/setgroups", "deny")
+        write_control("/proc/self/uid_map", f"{uid} {uid} 1")
+        write_control("/proc/self/gid_map", f"{gid} {gid} 1")
     _call("mount", b"none", b"/", None, _MS_REC | _MS_PRIVATE, None)
     flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     _call("mount", b"maxent-box", _BOX_MOUNT, b"tmpfs", flags, options)

@@ -50,7 +50,9 @@ def _own() -> dict[str, str]:
     return paths
 
 
-def _write(path: str, text: str) -> None:
+def write_control(path: str, text: str) -> None:
+    """One write(2) of `text` to a kernel control file (cgroup, /proc/self/*_map): these
+    take a whole value per write, so no buffered file object in between."""
     fd = os.open(path, os.O_WRONLY)
     try:
         os.write(fd, text.encode())
@@ -66,15 +68,15 @@ def _v2(mount: str, path: str) -> tuple[list[str], str]:
         return [], f"cgroup v2 at {base}: {', '.join(missing)} not delegated to it"
     enable = " ".join(f"+{c}" for c in _V2_CONTROLLERS)
     try:
-        _write(os.path.join(base, "cgroup.subtree_control"), enable)
+        write_control(os.path.join(base, "cgroup.subtree_control"), enable)
     except OSError:  # EBUSY: processes in it; move this one down if it is alone there
         procs = Path(base, "cgroup.procs").read_text().split()
         if procs != [str(os.getpid())]:
             return [], f"cgroup v2 at {base}: it holds other processes ({len(procs)})"
         own = os.path.join(base, f"maxent-trainer-{os.getpid()}")
         os.makedirs(own, exist_ok=True)
-        _write(os.path.join(own, "cgroup.procs"), str(os.getpid()))
-        _write(os.path.join(base, "cgroup.subtree_control"), enable)
+        write_control(os.path.join(own, "cgroup.procs"), str(os.getpid()))
+        write_control(os.path.join(base, "cgroup.subtree_control"), enable)
     return [base], f"a cgroup v2 leaf per run under {base}"
 
 
@@ -138,7 +140,7 @@ def make(memory_mb: int) -> list[str]:
             leaves.append(leaf)
             for file, value in _limits(base, memory_mb).items():
                 if os.path.exists(os.path.join(leaf, file)):
-                    _write(os.path.join(leaf, file), value)
+                    write_control(os.path.join(leaf, file), value)
     except OSError:
         remove(leaves)
         raise
@@ -148,7 +150,7 @@ def make(memory_mb: int) -> list[str]:
 def attach(leaves: list[str]) -> None:
     """preexec_fn part: move the forked child into the leaves (before it unshares)."""
     for leaf in leaves:
-        _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
+        write_control(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
 
 
 def remove(leaves: list[str], seconds: float = 2.0) -> bool:

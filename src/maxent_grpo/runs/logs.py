@@ -10,6 +10,7 @@ attempt is the latest stamp. What the attempt ended with is in the run's events
 
 from __future__ import annotations
 
+import glob
 import re
 import sys
 import time
@@ -43,16 +44,12 @@ def attempts(run: str, dirs: Sequence[Path]) -> list[AttemptLogs]:
     """The run's attempts found in `dirs` (their log files), oldest first."""
     found: dict[tuple[str | None, str], dict[str, Path]] = {}
     for folder in dirs:
-        for path in sorted(Path(folder).glob(f"{glob_escape(run)}_*.log")):
+        for path in sorted(Path(folder).glob(f"{glob.escape(run)}_*.log")):
             match = LOG_RE.match(path.name)
             if match and match["run"] == run:
                 found.setdefault((match["job"], match["stamp"]), {})[match["component"]] = path
     keys = sorted(found, key=lambda key: (key[1], key[0] or ""))
     return [AttemptLogs(run, job, stamp, found[(job, stamp)]) for job, stamp in keys]
-
-
-def glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", text)
 
 
 def failure_line(output_dir: Path | None) -> str | None:
