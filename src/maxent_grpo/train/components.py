@@ -12,6 +12,7 @@ Importing this module imports torch and TRL (the components' modules).
 from __future__ import annotations
 
 from maxent_grpo.faults import failpoint
+from maxent_grpo.methods import uses_vllm_server
 from maxent_grpo.train.adaptive_kl import AdaptiveKL
 from maxent_grpo.train.async_generation import AsyncGeneration
 from maxent_grpo.train.checkpoints import CompleteCheckpoints
@@ -21,7 +22,7 @@ from maxent_grpo.train.heartbeat import Beats
 from maxent_grpo.train.rollout_rounds import Rollouts
 from maxent_grpo.train.step_time import StepClock
 from maxent_grpo.train.trl_adapter import HOOKS
-from maxent_grpo.train.vllm_sync import VLLMSync, server_mode
+from maxent_grpo.train.vllm_sync import VLLMSync
 
 
 class Failpoints:
@@ -74,7 +75,7 @@ def plan_components(args, method: str, method_component: type | None = None) -> 
     plan += [EpochOrder, StepClock]
     if args.use_vllm:
         plan.append(VLLMSync)
-    if args.async_generation and server_mode(args):
+    if args.async_generation and uses_vllm_server(args):
         plan.append(AsyncGeneration)
     if method_component is not None:
         plan.append(method_component)

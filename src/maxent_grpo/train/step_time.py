@@ -26,9 +26,9 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+from maxent_grpo.methods import uses_vllm_server
 from maxent_grpo.timers import timed
 from maxent_grpo.train import trl_adapter
-from maxent_grpo.train.vllm_sync import server_mode
 
 PREFIX = "time/"
 PARTS = ("generation", "rewards", "sync", "training", "server_start")
@@ -91,7 +91,7 @@ class StepClock:
 
     def __init__(self, trainer):
         self.trainer = trainer
-        self.server = server_mode(trainer.args)
+        self.server = uses_vllm_server(trainer.args)
         self.parts: dict[str, float] = defaultdict(float)
         self.step_started: float | None = None
         self.optimizer_started: float | None = None

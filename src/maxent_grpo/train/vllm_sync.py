@@ -46,6 +46,7 @@ from urllib.parse import urlparse
 
 from maxent_grpo.errors import UserError
 from maxent_grpo.faults import failpoint
+from maxent_grpo.methods import uses_vllm_server
 from maxent_grpo.train import trl_adapter
 from maxent_grpo.train.server_pool import ServerPool, for_each
 from maxent_grpo.train.vllm_connect import deferred_generation_class
@@ -64,16 +65,10 @@ SHARD_BYTES = 2 * 1024**3
 _patch_lock = threading.Lock()
 
 
-def server_mode(args) -> bool:
-    """Whether a vLLM server generates (`use_vllm` and `vllm_mode: server`): the trainer's one
-    test of it."""
-    return bool(args.use_vllm) and args.vllm_mode == "server"
-
-
 def weight_sync_mode(args) -> str | None:
     """'nccl', 'disk' or 'lora' when the trainer syncs weights into a vLLM server; None
     otherwise."""
-    return args.vllm_weight_sync if server_mode(args) else None
+    return args.vllm_weight_sync if uses_vllm_server(args) else None
 
 
 def check_weight_sync(args, cuda_available: bool | None = None) -> str | None:
