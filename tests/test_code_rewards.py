@@ -376,3 +376,23 @@ def test_check_counts_the_tests_that_cannot_be_judged_outside():
     entries = [None] * 4 + ["inc", None] + [None] * 4
     assert count_unjudged(judged + unjudged, entries) == len(unjudged)
     assert count_unjudged(judged, entries[:6]) == 0
+
+
+def test_check_says_how_many_rows_of_a_local_dataset_it_cannot_judge(tmp_path, tiny_model, capsys):
+    from helpers.recipes import write_recipe
+    from maxent_grpo import cli
+
+    data = tmp_path / "code.jsonl"
+    tests = ["assert add(2, 3) == 5", "assert f(3) == [i * i for i in range(3)]", "assert f("]
+    data.write_text("".join(json.dumps({"problem": "p", "solution": t}) + "\n" for t in tests))
+    keys = dict(dataset_name=str(data), dataset_prompt_column="problem")
+    keys.update(dataset_answer_column="solution", model_name_or_path=str(tiny_model))
+    keys.update(code_sandbox="weak")  # counting runs nothing: any sandbox will do
+    path = write_recipe(tmp_path, reward_funcs=["python_unit_tests"], reward_weights=None, **keys)
+    assert cli.main(["check", "--config", str(path)]) == 0
+    said = capsys.readouterr()
+    assert f"python_unit_tests: 2 of 3 rows of {data} have tests it cannot judge" in said.out
+    # the judged rows alone: no line
+    data.write_text(json.dumps({"problem": "p", "solution": tests[0]}) + "\n")
+    assert cli.main(["check", "--config", str(path)]) == 0
+    assert "cannot judge" not in capsys.readouterr().out

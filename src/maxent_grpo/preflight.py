@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from maxent_grpo.benchmarks.checks import check_benchmarks
 from maxent_grpo.data.errors import DataError
@@ -87,7 +88,8 @@ def check_context(script_args, training_args, model_args, tools=(), environment=
         schema_tools,
     )
 
-    rows, read, hub = _local_prompts(script_args)
+    train, read, hub = _local_rows(script_args)
+    rows = [] if train is None else train["prompt"]
     prompt, how = 0, "not measured: a hub dataset is read when training starts"
     notes = []
     if hub:
@@ -118,11 +120,11 @@ def check_context(script_args, training_args, model_args, tools=(), environment=
     return notes
 
 
-def _local_prompts(script_args) -> tuple[list, list[str], list[str]]:
-    """The training prompts of the recipe's builtin and local sources, loaded as training
-    loads them (a mixture's entries selected, converted and weighted with its seed; its test
-    split kept in: evaluations send those prompts too), the names read and the hub names
-    left out."""
+def _local_rows(script_args) -> tuple[Any, list[str], list[str]]:
+    """The training rows of the recipe's builtin and local sources (None when there are none),
+    loaded as training loads them (a mixture's entries selected, converted and weighted with
+    its seed; its test split kept in: evaluations send those prompts too), the names read and
+    the hub names left out."""
     from maxent_grpo.data import load_datasets, source_kind  # imports datasets: seconds
     from maxent_grpo.data.load import entry_name  # imports datasets: seconds
 
@@ -130,18 +132,18 @@ def _local_prompts(script_args) -> tuple[list, list[str], list[str]]:
     if mixture is None:
         name = script_args.dataset_name
         if source_kind(name) == "hub":
-            return [], [], [name]
+            return None, [], [name]
         with _no_progress_bars():
-            return load_datasets(script_args)["train"]["prompt"], [name], []
+            return load_datasets(script_args)["train"], [name], []
     kinds = [source_kind(entry_name(e), e.path is not None) for e in mixture.datasets]
     local = tuple(e for e, kind in zip(mixture.datasets, kinds) if kind != "hub")
     hub = [entry_name(e) for e, kind in zip(mixture.datasets, kinds) if kind == "hub"]
     if not local:
-        return [], [], hub
+        return None, [], hub
     part = dataclasses.replace(mixture, datasets=local, test_split_size=None)
     with _no_progress_bars():
         loaded = load_datasets(dataclasses.replace(script_args, dataset_mixture=part))
-    return loaded["train"]["prompt"], [entry_name(e) for e in local], hub
+    return loaded["train"], [entry_name(e) for e in local], hub
 
 
 @contextmanager
@@ -217,6 +219,9 @@ def check_recipe(recipe: Recipe) -> Recipe:
             with problems.check("vllm_max_model_length"):
                 parsed = dataclasses.replace(script, dataset_mixture=mixture)
                 notes += check_context(parsed, training, recipe.model, *resolved)
+        if rl and script is not None and not problems.failed("dataset_name", "dataset_mixture"):
+            with problems.check("reward_funcs"):
+                notes += _unjudged_note(dataclasses.replace(script, dataset_mixture=mixture))
         if rl and script is not None and training is not None:
             with problems.check("benchmarks"):
                 check_benchmarks(script, training)
@@ -240,3 +245,27 @@ def _reward_note(script_args, environment) -> list[str]:
 
     note = reward_note(reward_names(script_args.reward_funcs, environment), environment)
     return [note] if note else []
+
+
+def _unjudged_note(script_args) -> list[str]:
+    """`check`'s line on the rows whose tests `python_unit_tests` cannot judge in the trainer
+    (they score 0.0 whatever the program), counted on the builtin and local sources."""
+    if "python_unit_tests" not in (script_args.reward_funcs or []):
+        return []
+    from maxent_grpo.data.load import ANSWER_COLUMN_OUT  # imports datasets
+    from maxent_grpo.rewards.code import count_unjudged
+
+    train, read, hub = _local_rows(script_args)
+    if train is None or ANSWER_COLUMN_OUT not in train.column_names:
+        return []
+    columns = train.column_names
+    entries = train["entry_point"] if "entry_point" in columns else None
+    unjudged = count_unjudged(train[ANSWER_COLUMN_OUT], entries)
+    if not unjudged:
+        return []
+    unread = f" ({', '.join(hub)} not read: hub)" if hub else ""
+    return [
+        f"python_unit_tests: {unjudged} of {len(train)} rows of {', '.join(read)}{unread} have "
+        "tests it cannot judge (an expected side beyond literals and built-ins): they score "
+        "0.0 whatever the program (docs/code-rewards.md)"
+    ]
