@@ -13,13 +13,12 @@ from safetensors.torch import load_file, save_file
 
 from helpers.paths import PYTHON, REPO, SMOKE_LORA
 from helpers.recipes import small_recipe
-from helpers.resume import assert_resumed_from, event_count
+from helpers.resume import assert_resumed_from, event_count, mark_tampered
 from helpers.runs import run, step_logs
 from maxent_grpo.errors import EXIT_CHECKPOINTED
 from maxent_grpo.rundir.checkpoints import (
     clear_stop_request,
     last_complete_checkpoint,
-    mark_checkpoint_complete,
 )
 
 pytestmark = pytest.mark.integration
@@ -102,9 +101,7 @@ def test_stopped_lora_run_resumes_exactly_like_an_uninterrupted_one(tmp_path, ti
     adapter = tmp_path / "tampered" / "out" / "checkpoint-2" / "adapter_model.safetensors"
     tensors = load_file(str(adapter))
     save_file({k: v * 0 if "lora_B" in k else v for k, v in tensors.items()}, str(adapter))
-    # Marked complete again: the marker records each file's size, and a file changed after it
-    # makes the checkpoint damaged (rundir/checkpoints.py), which a resume would pass over.
-    mark_checkpoint_complete(adapter.parent, 2)
+    mark_tampered(adapter.parent)
     before = event_count(tmp_path / "tampered" / "out")
     assert run([PYTHON, GRPO, "--config", str(tampered)]).returncode == 0
     assert_resumed_from(tmp_path / "tampered" / "out", before, 2, max_steps=4)

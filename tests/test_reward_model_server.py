@@ -175,7 +175,14 @@ def test_a_server_that_exits_or_never_answers_stops_the_start_in_one_line(tmp_pa
     with pytest.raises(ServerError) as info:
         dead.start().wait_until_healthy()
     assert str(info.value).startswith("reward model server exited with code 3 before it answered")
-    assert "no model here" in str(info.value)
+    assert "no model here" in str(info.value) and info.value.outcome == "user_error"
+    killed = RewardModelServer(
+        _plan("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 30), tmp_path / "k.log", {}
+    )
+    with pytest.raises(ServerError) as info:
+        killed.start().wait_until_healthy()
+    assert str(info.value).startswith("reward model server was killed by signal 9 before it")
+    assert info.value.outcome == "reward_server_lost"  # retried as a loss mid-run is
     slow = RewardModelServer(_plan("import time; time.sleep(60)", 0.5), tmp_path / "b.log", {})
     try:
         with pytest.raises(ServerError, match=r"not healthy after 0.5s \(vllm_server_timeout\)"):

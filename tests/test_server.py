@@ -287,8 +287,23 @@ def test_server_dying_during_start_up_stops_the_trainers_with_its_log(tmp_path, 
     first, *tail = str(info.value).splitlines()
     assert first.startswith("vLLM server exited with code 1 ") and "before it answered" in first
     assert "max_model_len 4096" in tail[-1]
+    assert info.value.outcome == "user_error"  # its own error: its log says what to fix
     assert "stopping training: the vLLM server did not start" in capsys.readouterr().out
     assert trainer.poll() is not None and not live_processes(marker="sleep 605")
+    server.stop()
+
+
+def test_a_server_killed_during_start_up_is_a_crash_not_a_user_error(tmp_path):
+    """A signal (the OOM killer, an operator, a node's end) is not the recipe's fault: the
+    attempt retries it as a crash (found by bench/chaos.py: it was a permanent user_error)."""
+    source = "import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)"
+    server = starting_server(tmp_path, python_command(source), free_port(), timeout=600)
+    trainer = Child("train", ["sleep", "607"], tmp_path / "train.log")
+    with pytest.raises(ServerError) as info:
+        watch_training(trainer, (server,), None, poll=0.1)
+    assert str(info.value).startswith("vLLM server was killed by signal 9 ")
+    assert info.value.outcome == "crash"
+    assert trainer.poll() is not None
     server.stop()
 
 

@@ -19,10 +19,10 @@ from safetensors.torch import load_file
 
 from helpers.paths import MAXENT_GRPO, SMOKE_MAXENT
 from helpers.recipes import recipe_data, small_recipe
-from helpers.resume import assert_resumed_from, event_count
+from helpers.resume import assert_resumed_from, event_count, mark_tampered
 from helpers.runs import run
 from maxent_grpo.errors import UserError
-from maxent_grpo.rundir.checkpoints import last_complete_checkpoint, mark_checkpoint_complete
+from maxent_grpo.rundir.checkpoints import last_complete_checkpoint
 from maxent_grpo.rundir.events import read_events
 from maxent_grpo.train.state import STATE_FILE, StateRegistry
 
@@ -148,9 +148,7 @@ def resume_tampered(tampered: Path, make_recipe, files: list[Path], change, stop
         saved = torch.load(path, weights_only=True)
         change(saved["pieces"])
         torch.save(saved, path)
-    # Marked complete again: the marker records each file's size, and a file changed after it
-    # makes the checkpoint damaged (rundir/checkpoints.py), which a resume would pass over.
-    mark_checkpoint_complete(files[0].parent, stop_at)
+    mark_tampered(files[0].parent)
     before = event_count(tampered / "out")
     launch(tampered, make_recipe(tampered))
     assert_resumed_from(tampered / "out", before, checkpoint=stop_at, max_steps=steps)

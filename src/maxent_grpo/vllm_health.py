@@ -38,7 +38,13 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ServerError(UserError):
-    """The vLLM server died or never became healthy."""
+    """A server died or never became healthy. `outcome`: the attempt's class for it, a
+    user_error (its log says what to fix) unless a signal killed it (the OOM killer, a node's
+    end, an operator), which is retried as the raiser says (launch/outcomes.py)."""
+
+    def __init__(self, message: str, outcome: str = "user_error"):
+        super().__init__(message)
+        self.outcome = outcome
 
 
 class ServerWaitCancelled(Exception):
@@ -111,7 +117,9 @@ class HealthWait:
         if code is not None:
             elapsed = self.clock() - self.start
             when = f"{elapsed:.1f}s after start, before it answered {self.url}"
-            raise ServerError(exit_message(self.child, code, when))
+            raise ServerError(
+                exit_message(self.child, code, when), "crash" if code < 0 else "user_error"
+            )
         last = probe(self.url, timeout=max(0.2, min(PROBE_TIMEOUT, self.remaining())))
         if last == 200:
             return self.clock() - self.start

@@ -16,7 +16,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from maxent_grpo.rundir.checkpoints import mark_checkpoint_complete
 from maxent_grpo.rundir.events import read_events
+
+
+def mark_tampered(checkpoint: Path) -> None:
+    """A checkpoint a test rewrote on purpose, marked complete again: the marker records each
+    file's size, and a file changed after it makes the checkpoint damaged (rundir/
+    checkpoints.py), which a resume passes over."""
+    mark_checkpoint_complete(checkpoint, int(checkpoint.name.rsplit("-", 1)[1]))
 
 
 def event_count(output_dir: Path) -> int:

@@ -30,9 +30,12 @@ import torch
 from shared_servers import plan_on
 
 from helpers.recipes import SMOKE_VLLM, write_recipe
-from helpers.resume import assert_resumed_from, event_count
+from helpers.resume import assert_resumed_from, event_count, mark_tampered
 from helpers.runs import run
-from maxent_grpo.rundir.checkpoints import clear_stop_request, last_complete_checkpoint
+from maxent_grpo.rundir.checkpoints import (
+    clear_stop_request,
+    last_complete_checkpoint,
+)
 from maxent_grpo.rundir.events import read_events
 from maxent_grpo.train.state import STATE_FILE
 
@@ -115,6 +118,7 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
         saved = torch.load(path, weights_only=True)
         saved["pieces"]["async_generation"] = {"step": -1}
         torch.save(saved, path)
+    mark_tampered(tampered / "out" / f"checkpoint-{STOP_AT}")
     tampered_recipe = write_recipe(tampered, base=recipe)
     command = [a if a != str(recipe) else str(tampered_recipe) for a in plan.train.command]
     tampered_before = event_count(tampered / "out")

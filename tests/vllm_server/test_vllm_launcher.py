@@ -25,6 +25,7 @@ from helpers.recipes import SMOKE_VLLM, write_recipe
 from helpers.refusals import not_refused, strangers_answers
 from helpers.runs import child_env, log_history
 from maxent_grpo.rundir.checkpoints import run_is_complete
+from maxent_grpo.rundir.events import read_events
 from maxent_grpo.server_auth import TOKEN_VARIABLE
 
 pytestmark = pytest.mark.vllm
@@ -207,7 +208,8 @@ def test_server_that_dies_at_start_fails_in_seconds_with_its_log(tmp_path, tiny_
 
 def test_server_killed_during_start_up_stops_everything_in_seconds(tmp_path, tiny_model):
     """SIGKILL to the booting server (its API process) while the trainers load: the launcher
-    stops the trainers and the server's other processes and exits as a user error."""
+    stops the trainers and the server's other processes and ends the attempt as a crash (a
+    signal is not the recipe's fault: retried, where a server's own exit is a user error)."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     recipe = write_recipe(
         tmp_path, base=SMOKE_VLLM, model_name_or_path=str(tiny_model), output_dir=str(out)
@@ -226,8 +228,10 @@ def test_server_killed_during_start_up_stops_everything_in_seconds(tmp_path, tin
     )
     assert "at" in killed, run.text[-6000:]  # killed before it was healthy
     assert "vLLM server healthy" not in run.text
-    assert run.returncode == 2, run.text[-6000:]
+    assert run.returncode == 1, run.text[-6000:]
     assert re.search(r"^error: vLLM server was killed by signal 9 ", run.text, re.M)
+    (outcome,) = [e for e in read_events(out) if e["event"] == "outcome"]
+    assert outcome["outcome"] == "crash", outcome
     assert "stopping training: the vLLM server did not start" in run.text
     left, waited = wait_until_gone(marker=str(tmp_path), timeout=10)
     assert not left, left

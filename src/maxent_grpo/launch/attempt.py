@@ -25,6 +25,7 @@ from maxent_grpo.launch.finish import Finish
 from maxent_grpo.launch.init_from import with_init
 from maxent_grpo.launch.launcher import Prepared, RunRequest, prepare
 from maxent_grpo.launch.outcomes import (
+    crash_outcome,
     log_tail,
     node_failed,
     previous_outcome,
@@ -62,7 +63,7 @@ from maxent_grpo.rundir.events import emit, events_path
 from maxent_grpo.rundir.heartbeat import clear_heartbeats, heartbeat_dir
 from maxent_grpo.rundir.settings import RunSettings, read_settings, write_settings
 from maxent_grpo.server_auth import new_token, with_token
-from maxent_grpo.vllm_health import ServerWaitCancelled
+from maxent_grpo.vllm_health import ServerError, ServerWaitCancelled
 
 # How long the trainers may take to finish a step and save after a SIGTERM reached every
 # process (Slurm preemption, scancel): torchrun's agent waits this long before it SIGKILLs
@@ -271,16 +272,25 @@ class Attempt(Finish):
         train_log = log_path(self.request.logs_dir, run_name, "train", self.environ)
         self.train_log = train_log
         started = time.monotonic()
-        watched = Watched(None)
+        watched, killed = Watched(None), None
         try:
             watched = self._start_and_wait(recipe, plan, run_name, train_log)
         except ServerWaitCancelled as exc:
             print(f"stopped: {exc}", flush=True)
+        except ServerError as exc:
+            if exc.outcome == "user_error":
+                self._emit_outcome("user_error", str(exc), EXIT_USER_ERROR)
+                raise
+            killed = exc  # a server killed while starting: retried, not the recipe's fault
         except UserError as exc:
             self._emit_outcome("user_error", str(exc), EXIT_USER_ERROR)
             raise
         finally:
             self._end_processes(watched, train_log)
+        if killed is not None:
+            print(f"error: {killed}", file=sys.stderr, flush=True)
+            outcome = crash_outcome(str(killed), previous, killed.outcome)
+            return self._finish(outcome, recipe.max_requeues, marker)
         elapsed = time.monotonic() - started
         if self.forced:  # the exit code is the kill's, not a failure of training
             print(f"training stopped by the second {self.forced} after {elapsed:.1f}s")

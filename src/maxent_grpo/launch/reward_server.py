@@ -72,8 +72,10 @@ class RewardModelServer:
             code = self.child.poll()
             if code is not None:
                 raise ServerError(
-                    f"reward model server exited with code {code} before it answered "
-                    f"{plan.health_url}; last lines of {self.log_path}:" + indented_tail(self.child)
+                    f"reward model server {how_it_ended(code)} before it answered "
+                    f"{plan.health_url}; last lines of {self.log_path}:"
+                    + indented_tail(self.child),
+                    "reward_server_lost" if code < 0 else "user_error",
                 )
             if probe(plan.health_url, timeout=2.0) == 200:
                 took = clock() - start
