@@ -29,6 +29,7 @@ from test_multinode_runs import _small
 from test_training_slurm import sbatch_training, slurm_out, wait_for
 
 from helpers.paths import REPO, SMOKE_VLLM
+from maxent_grpo.train.server_pool import REJOIN_EVERY_S
 
 pytestmark = pytest.mark.multinode
 
@@ -143,6 +144,10 @@ def test_two_server_nodes_one_killed_mid_run_comes_back(multinode_cluster, tmp_p
         back = wait_for(
             lambda: ("server_back", "launcher") in _server_events(out), 420, "server_back"
         )
+        # Held on until the trainers may ask it back (at most every REJOIN_EVERY_S since their
+        # loss): with 0.4 s steps (the one-process CPU server) the run could end before that.
+        lost_at = max(e["time"] for e in _events(out) if e["event"] == "server_lost" and "by" in e)
+        time.sleep(max(0.0, lost_at + REJOIN_EVERY_S + 1 - time.time()))
         held_at = len(_steps(out))
         gate.unlink()
         # Once the restarted server has served again, its node's network is cut for good.
@@ -157,7 +162,16 @@ def test_two_server_nodes_one_killed_mid_run_comes_back(multinode_cluster, tmp_p
         after_cut = time.monotonic() - t_cut
         # The launcher's verdict, and Slurm's: the node DOWN (without --no-kill, the end of the
         # job). Then the link comes back: a job with a DOWN node waits in COMPLETING (~45 s).
-        wait_for(lambda: "not restarted" in slurm_out(tmp_path), 120, "no restart on the node")
+        # Training is held meanwhile: the verdict takes SILENT_LOST_S and Slurm's SlurmdTimeout,
+        # longer than the steps left (0.4 s each with the one-process CPU server).
+        gate.touch()
+        try:
+            wait_for(lambda: "not restarted" in slurm_out(tmp_path), 120, "no restart on the node")
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}; the job's output:\n{slurm_out(tmp_path)[-6000:]}"
+            ) from None
+        gate.unlink()
         wait_for(lambda: "down" in cluster.node_state(second), 120, "Slurm: the node down")
         cut = cluster.cluster("restore-node", second, timeout=60).returncode != 0
         state = cluster.wait(job, timeout=600)
