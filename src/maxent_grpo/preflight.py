@@ -253,7 +253,7 @@ def _unjudged_note(script_args) -> list[str]:
     if "python_unit_tests" not in (script_args.reward_funcs or []):
         return []
     from maxent_grpo.data.load import ANSWER_COLUMN_OUT  # imports datasets
-    from maxent_grpo.rewards.code import count_unjudged
+    from maxent_grpo.rewards.code import count_unjudged  # imports rewards/ (sympy): seconds
 
     train, read, hub = _local_rows(script_args)
     if train is None or ANSWER_COLUMN_OUT not in train.column_names:
