@@ -97,6 +97,9 @@ QWEN2_5_0_5B_SIZES = {
 }
 
 
+CONTEXT = 1024  # the tiny model's context in tokens (max_position_embeddings)
+
+
 def qwen2_config(tokenizer, **sizes):
     """A Qwen2 config of the given sizes for this tokenizer, as vLLM's CPU build needs it:
     untied embeddings (a weight reload of tied ones comes out wrong) and head_dim >= 32."""
@@ -104,7 +107,7 @@ def qwen2_config(tokenizer, **sizes):
 
     return Qwen2Config(
         vocab_size=len(tokenizer),
-        max_position_embeddings=1024,
+        max_position_embeddings=CONTEXT,
         tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from maxent_grpo.tiny_model import CONTEXT
+
 TRAINERS = 2  # CPU training processes of a rehearsal
 COMPLETION_CAP = 32  # max_completion_length of a rehearsal (single turn)
 EPISODE_CAP = 96  # the same with tools or an environment: every turn and tool result
@@ -120,7 +122,10 @@ def _shrink_layout(out: dict, node: Node, change, drop) -> None:
     change("vllm_server_dtype", "float32", "the trainer's dtype")
     change("vllm_server_enforce_eager", True, "starts in half the time")
     change("vllm_server_gpu_memory_utilization", 0.1, "of NUMA node 0's memory")
-    change("vllm_max_model_length", 512, "the tiny model's context for the capped lengths")
+    # At most the tiny model's whole context: a recipe's tool schemas alone
+    # can fill 512 tokens; a recipe's own smaller limit is kept (what it would meet itself).
+    limit = min(out.get("vllm_max_model_length") or CONTEXT, CONTEXT)
+    change("vllm_max_model_length", limit, "the tiny model's context")
     for key in ("vllm_tensor_parallel_size", "vllm_data_parallel_size", "vllm_nodes"):
         drop(key, "one CPU server")
 
