@@ -277,14 +277,12 @@ class Attempt(Finish):
             watched = self._start_and_wait(recipe, plan, run_name, train_log)
         except ServerWaitCancelled as exc:
             print(f"stopped: {exc}", flush=True)
-        except ServerError as exc:
-            if exc.outcome == "user_error":
+        except UserError as exc:
+            if isinstance(exc, ServerError) and exc.outcome != "user_error":
+                killed = exc  # a server killed while starting: retried, not the recipe's fault
+            else:
                 self._emit_outcome("user_error", str(exc), EXIT_USER_ERROR)
                 raise
-            killed = exc  # a server killed while starting: retried, not the recipe's fault
-        except UserError as exc:
-            self._emit_outcome("user_error", str(exc), EXIT_USER_ERROR)
-            raise
         finally:
             self._end_processes(watched, train_log)
         if killed is not None:
