@@ -13,7 +13,11 @@ from maxent_grpo import cli
 def vllm_installed(tmp_path, monkeypatch):
     """An importable `vllm` with its distribution metadata (0.31.0), nothing else: what the
     package check looks for on a machine that will run the server."""
-    site = tmp_path / "site"
+    stand_in_vllm(tmp_path / "site", monkeypatch)
+
+
+def stand_in_vllm(site, monkeypatch) -> None:
+    """vllm_installed's stand-in, in `site`, for fixtures of any scope (a MonkeyPatch)."""
     (site / "vllm").mkdir(parents=True)
     (site / "vllm" / "__init__.py").write_text("")
     meta = site / "vllm-0.31.0.dist-info"
