@@ -6,8 +6,9 @@ that need no training run are launch/rehearse_probes.py's. Here: the effects. Tr
 through the launcher's public entry point, `maxent-grpo run`, as a user would start it:
 
 1. an uninterrupted rehearsal of `steps` steps (the reference for the prompts' order);
-2. the same, stopped with SIGUSR1 to the launcher after its first step, then started again,
-   which resumes it from the checkpoint the signal wrote.
+2. the same, stopped with SIGUSR1 to the launcher while its first step is held at its
+   generation (so the stop lands at that step's end), then started again, which resumes it
+   from the checkpoint the signal wrote.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from pathlib import Path
 import yaml
 
 from maxent_grpo.errors import UserError
+from maxent_grpo.faults import ENV as FAILPOINT
+from maxent_grpo.faults import HITS_ENV as FAILPOINT_HITS
 from maxent_grpo.launch.plan import rehearse as plan
 from maxent_grpo.rundir.checkpoints import list_checkpoints
 from maxent_grpo.rundir.events import read_events
@@ -188,12 +191,18 @@ def _env(draws: Path, failpoint: bool = False) -> dict:
     return env
 
 
-def _launch(recipe: Path, output: Path, logs: Path, env: dict, stop_after: int | None, extra=()):
-    """`maxent-grpo run` of the rehearsal's recipe into `output`; with stop_after, SIGUSR1 to
-    the launcher once that step is logged. Returns the exit code (None: it ran out of time)."""
+def _launch(recipe: Path, output: Path, logs: Path, env: dict, stop_at: int | None, extra=()):
+    """`maxent-grpo run` of the rehearsal's recipe into `output`; with stop_at, SIGUSR1 to the
+    launcher while step `stop_at` is held at its generation (the product's failpoint), so the
+    stop lands at that step's end however fast the steps are (a 3-step CPU run could end
+    before a signal sent on its first step's event). Returns the exit code (None: it ran out
+    of time)."""
     logs.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "maxent_grpo.cli", "run", "--config", str(recipe)]
     command += ["--logs-dir", str(logs), "--", "--output_dir", str(output), *extra]
+    hits = logs / "held.txt"
+    if stop_at is not None:
+        env = {**env, FAILPOINT: f"generation:{stop_at}:pause", FAILPOINT_HITS: str(hits)}
     with open(logs / "launcher.out", "w") as log:
         # its own session: on a timeout or an interrupt here, its whole tree can be stopped
         proc = subprocess.Popen(
@@ -201,17 +210,40 @@ def _launch(recipe: Path, output: Path, logs: Path, env: dict, stop_after: int |
         )
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
     try:
-        while stop_after is not None and proc.poll() is None and time.monotonic() < deadline:
-            logged = [e["step"] for e in read_events(output) if e["event"] == "step"]
-            if logged and max(logged) >= stop_after:
-                proc.send_signal(signal.SIGUSR1)  # what Slurm sends the job before its limit
-                break
-            time.sleep(0.5)
+        if stop_at is not None:
+            _stop_while_held(proc, output, hits, deadline)
         return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         return None
     finally:
         _stop(proc)
+
+
+def _stop_while_held(proc: subprocess.Popen, output: Path, hits: Path, deadline: float) -> None:
+    """Once a rank holds at the failpoint: SIGUSR1 (what Slurm sends the job before its
+    limit); once the launcher has written the stop request, let every held rank go on (a rank
+    that reaches the point later is let go when it does)."""
+    signalled, released = False, set()
+    while proc.poll() is None and time.monotonic() < deadline:
+        held = {int(line.split()[0]) for line in _lines(hits)}
+        if held and not signalled:
+            proc.send_signal(signal.SIGUSR1)
+            signalled = True
+        if signalled and any(e["event"] == "stop_request" for e in read_events(output)):
+            for pid in held - released:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                released.add(pid)
+        time.sleep(0.2)
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
 
 
 def _stop(proc: subprocess.Popen) -> None:
