@@ -21,6 +21,8 @@ class FakeVLLM:
         self.version = BASE_VERSION  # the weights: reload_weights sets it from the path
         self.requests = 0
         self.silent = False
+        self.reload_delay = 0.0  # seconds per reload_weights
+        self.reloads: list[tuple[float, float]] = []  # each reload's (start, end), monotonic
         self._start(port)
 
     def _start(self, port: int) -> None:
@@ -67,6 +69,9 @@ class FakeVLLM:
                     ]
                     return self._answer(200, {"choices": choices})
                 if self.path == "/collective_rpc":
+                    start = time.monotonic()
+                    time.sleep(fake.reload_delay)
+                    fake.reloads.append((start, time.monotonic()))
                     path = body["kwargs"]["weights_path"]
                     fake.version = int(path.rsplit("-", 1)[-1])
                     return self._answer(200, {})

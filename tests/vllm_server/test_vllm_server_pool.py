@@ -101,6 +101,20 @@ def test_a_lost_server_s_requests_go_to_the_other_and_it_returns_only_with_the_w
     assert {c[0] for c in answer["completion_ids"]} == {2} != {BASE_VERSION}
 
 
+def test_a_weight_push_reaches_every_server_at_once(servers):
+    """Issue 55: the push to several servers ran one after another (its time grew with
+    vllm_nodes); now every server's reload is in flight together."""
+    fakes = servers(0.0, 0.0, 0.0)
+    for fake in fakes:
+        fake.reload_delay = 0.3
+    pool = pool_of(fakes)
+    sync(pool, 1)
+    assert [fake.version for fake in fakes] == [1, 1, 1]
+    starts, ends = zip(*(fake.reloads[0] for fake in fakes), strict=True)
+    assert max(starts) < min(ends), fake.reloads  # all three reloading at one moment
+    assert set(pool.last_sync_seconds) == {fake.url for fake in fakes}
+
+
 def test_a_silent_server_is_given_up_long_before_the_request_s_own_bound(servers, monkeypatch):
     """Its node's network cut: the connection stays open, nothing answers, not even /health.
     The request's own bound (timeout=60 here, vllm_server_timeout) would hold the step."""

@@ -14,8 +14,8 @@ SERVERS_VARIABLE) and a ServerPool in place of the one client TRL's VLLMGenerati
   one that has not answered it for SILENT_S is lost at once, without waiting for the request's
   own bound (vllm_server_timeout, minutes: a long generation is not silence, /health answers
   during it).
-- Weight sync (disk, lora, nccl): each call goes to every live server in turn, timed per
-  server (`last_sync_seconds`), and a server that fails it is lost. Before each sync, lost
+- Weight sync (disk, lora, nccl): each call goes to every live server at once, one thread a
+  server, timed per server (`last_sync_seconds`), and a server that fails it is lost. Before each sync, lost
   servers that answer /health again (the launcher restarts them, launch/server_group.py)
   rejoin, so they get the step's weights before they take a request (each lost server is
   asked at most once every REJOIN_EVERY_S).
@@ -39,6 +39,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -242,33 +243,46 @@ class ServerPool:
         return back
 
     def each(self, call: Callable, what: str, rejoin: bool = True, watch: bool = True) -> None:
-        """call(client) on every live server in turn (weight sync), timed per server; a
-        server that fails it is lost; raises when none is left. rejoin: lost servers that
-        answer again first (only for a call that gives them the weights). watch: on a thread
-        of its own, given up when the server goes silent (_watched)."""
+        """call(client) on every live server at once (weight sync: the push takes about the
+        slowest server's time, not the sum), timed per server; a server that fails it is
+        lost; raises when none is left. rejoin: lost servers that answer again first (only
+        for a call that gives them the weights). watch: each call given up when its server
+        goes silent (_watched)."""
         if rejoin:
             self.rejoin()
         self._check_any()
+        live = list(self.live)
+        with ThreadPoolExecutor(max_workers=len(live), thread_name_prefix="push") as workers:
+            outcomes = list(workers.map(lambda index: self._timed(index, call, watch), live))
         self.last_sync_seconds = {}
         given = []
-        for index in list(self.live):
-            client = self.clients[index]
-            start = time.perf_counter()
-            try:
-                if watch:
-                    self._watched(index, functools.partial(call, client))
-                else:
-                    call(client)
-            except Exception as exc:
-                if not _is_lost(exc):
-                    raise
-                self._lose(index, f"{what} failed: {str(exc)[:200]}")
+        for index, (seconds, error) in zip(live, outcomes, strict=True):
+            if error is not None:
+                if not _is_lost(error):
+                    raise error
+                self._lose(index, f"{what} failed: {str(error)[:200]}")
                 continue
-            self.last_sync_seconds[client.base_url] = time.perf_counter() - start
+            self.last_sync_seconds[self.clients[index].base_url] = seconds
             given.append(index)
         if rejoin:  # a call that gives the weights (not reset_prefix_cache)
             self._given = given
         self._check_any()
+
+    def _timed(self, index: int, call: Callable, watch: bool) -> tuple[float, Exception | None]:
+        """call(client) of one server on this worker thread: (seconds, the error or None)."""
+        if self.device is not None:  # NCCL: CUDA's current device is per thread
+            import torch
+
+            torch.cuda.set_device(self.device)
+        client, start = self.clients[index], time.perf_counter()
+        try:
+            if watch:
+                self._watched(index, functools.partial(call, client))
+            else:
+                call(client)
+        except Exception as exc:
+            return 0.0, exc
+        return time.perf_counter() - start, None
 
     def reset_prefix_cache(self) -> None:
         self.each(lambda client: client.reset_prefix_cache(), "reset_prefix_cache", rejoin=False)
@@ -278,8 +292,9 @@ class ServerPool:
         tensors are kept until every server has had them: one copy of the weights on the main
         process's device for the length of the sync."""
         tensors = list(named_params)
-        # Not on a watch thread: CUDA's current device is per thread, and NCCL's broadcast
-        # runs where the group was made; a silent server fails it at NCCL's own timeout.
+        # Not watched: NCCL's broadcast runs on the device the group was made on (each push
+        # thread sets it); a silent server fails it at NCCL's own timeout. Untested here:
+        # no CUDA (test_vllm_server_pool's stand-in clients run the threads, not NCCL).
         self.each(
             lambda c: c.update_named_params(metadata, iter(tensors)),
             "NCCL weight sync",
