@@ -15,10 +15,10 @@ SERVERS_VARIABLE) and a ServerPool in place of the one client TRL's VLLMGenerati
   own bound (vllm_server_timeout, minutes: a long generation is not silence, /health answers
   during it).
 - Weight sync (disk, lora, nccl): each call goes to every live server at once, one thread a
-  server, timed per server (`last_sync_seconds`), and a server that fails it is lost. Before each sync, lost
-  servers that answer /health again (the launcher restarts them, launch/server_group.py)
-  rejoin, so they get the step's weights before they take a request (each lost server is
-  asked at most once every REJOIN_EVERY_S).
+  server, timed per server (`last_sync_seconds`), and a server that fails it is lost. Before
+  each sync, lost servers that answer /health again (the launcher restarts them,
+  launch/server_group.py) rejoin, so they get the step's weights before they take a request
+  (each lost server is asked at most once every REJOIN_EVERY_S).
 - Policy versions (async_generation): `mark_synced(version)` after a push records the version
   each server that took it now holds; each answer says, per prompt, the version of the server
   that made it (`policy_versions`), so a sample's staleness is measured against its own
