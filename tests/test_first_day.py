@@ -227,3 +227,71 @@ def test_a_run_recorded_with_the_default_rewards_written_out_resumes_unchanged()
     ]
     with_environment = now(reward_funcs=None, environment="mypkg.envs:Calculator")
     assert changed_keys(recorded, with_environment) == [("reward_funcs", ["answer_match"], None)]
+
+
+CONDA = r"""#!/bin/bash
+# A stand-in conda (no conda channel is reachable here): `env create -p PREFIX -f FILE` makes
+# PREFIX/bin with a python that runs this machine's .venv python (its `-m pip` only logged)
+# and a maxent-grpo that prints its arguments.
+echo "conda $*" >> "$CALLS"
+[[ "$1 $2" == "env create" ]] || exit 1
+prefix=$(sed -n 's/.* -p \([^ ]*\).*/\1/p' <<< "$*")
+grep -q "python=3.11" "$(sed -n 's/.* -f \([^ ]*\).*/\1/p' <<< "$*")" || exit 1
+mkdir -p "$prefix/bin"
+cat > "$prefix/bin/python" <<END
+#!/bin/bash
+if [[ "\$1 \$2" == "-m pip" ]]; then echo "pip \$*" >> "$CALLS"; exit 0; fi
+exec $REAL_PYTHON "\$@"
+END
+printf '#!/bin/bash\necho "launcher: $*"\n' > "$prefix/bin/maxent-grpo"
+chmod +x "$prefix/bin/python" "$prefix/bin/maxent-grpo"
+"""
+
+
+def test_training_sh_in_conda_mode_makes_the_env_once_and_runs_its_launcher(tmp_path):
+    """Issue 55: MAXENT_GRPO_ENV=conda (environment.yml instead of a venv) was never run. A
+    copy of the bootstrap (training.sh, scripts/, environment.yml, the smoke recipes) with a
+    stand-in conda: the env is made once, in the checkout's .conda-env, from environment.yml;
+    a recipe's extras go into that env with its own pip; its launcher runs the recipe."""
+    import shutil
+
+    root = tmp_path / "checkout"
+    root.mkdir()
+    for name in ("training.sh", "environment.yml", "pyproject.toml"):
+        shutil.copy(REPO / name, root / name)
+    shutil.copytree(REPO / "scripts", root / "scripts")
+    shutil.copytree(REPO / "recipes" / "smoke", root / "recipes" / "smoke")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "conda").write_text(CONDA)
+    (bin_dir / "conda").chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    env = {**child_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "MAXENT_GRPO_ENV": "conda"}
+    env.update(CALLS=str(calls), REAL_PYTHON=str(PYTHON))
+
+    def training(*args):
+        return subprocess.run(
+            ["bash", "training.sh", *args],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    first = training()
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "launcher: run --config recipes/smoke/config_grpo.yaml"
+    lora = training("--config", "recipes/smoke/config_grpo_lora.yaml")
+    assert lora.returncode == 0, lora.stderr
+    assert calls.read_text().splitlines() == [
+        f"conda env create --quiet -p {root}/.conda-env -f environment.yml",  # once
+        "pip -m pip install --quiet --disable-pip-version-check -e .[dev,peft]",
+    ]
+    assert lora.stdout.strip().endswith("--config recipes/smoke/config_grpo_lora.yaml")
+    env["PATH"] = "/usr/bin:/bin"  # no conda
+    refused = training()
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "error: MAXENT_GRPO_ENV=conda but conda is not on PATH; unset it to use a venv"
+    )
