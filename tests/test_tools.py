@@ -89,3 +89,22 @@ def test_check_refuses_tools_on_plain_text_prompts():
     for keys in ({"tools": ["python"]}, {"environment": "helpers.tool_envs:Calculator"}):
         with pytest.raises(ConfigError, match=r"^prompt_template: 'r1' sends plain-text prompts"):
             check_rewards(ScriptArguments(prompt_template="r1", **keys), training)
+
+
+def test_the_trainer_takes_the_rewards_and_tools_its_check_resolved(tiny_model, monkeypatch):
+    """Issue 50: the trainer process resolved rewards, tools and environment twice, in
+    check_recipe and again building the trainer; the checked recipe now carries them."""
+    from helpers.paths import SMOKE
+    from maxent_grpo import preflight
+    from maxent_grpo.recipe import parse_recipe
+    from maxent_grpo.train import entry
+
+    flags = ["--model_name_or_path", str(tiny_model), "--tools", "python"]
+    recipe = preflight.check_recipe(parse_recipe(["--config", str(SMOKE), *flags]))
+    assert [tool.__name__ for tool in recipe.resolved.tools] == ["python"]
+    again = []
+    monkeypatch.setattr(preflight, "check_rewards", lambda *args: again.append(args))
+    extra = entry._rewards_and_tools(recipe)
+    assert again == [] and extra["tools"] is recipe.resolved.tools
+    names = [f.__name__ for f in extra["reward_funcs"]]  # guarded: the same names
+    assert names == [f.__name__ for f in recipe.resolved.reward_funcs] != [], names

@@ -30,9 +30,20 @@ from maxent_grpo.recipe.problems import collecting
 from maxent_grpo.recipe.rules import check_model_rules
 
 
-def check_rewards(script_args, training_args) -> tuple[list, type | None]:
-    """The reward functions, tools and environment resolve and agree; returns the tools and
-    the environment (check_context measures their schemas)."""
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """A recipe's reward functions (unguarded), tools and environment class: what
+    check_rewards resolved, kept on the checked recipe so the trainer uses them as they are
+    (each resolved once per process: a custom reward or tool module is imported once)."""
+
+    reward_funcs: list
+    tools: list
+    environment: type | None
+
+
+def check_rewards(script_args, training_args) -> Resolved:
+    """The reward functions, tools and environment resolve and agree (check_context measures
+    the tools' and environment's schemas; the trainer takes all three)."""
     from maxent_grpo.rewards import get_reward_funcs  # imports sympy (math rewards): seconds
 
     if (script_args.tools or script_args.environment) and script_args.prompt_template:
@@ -70,7 +81,7 @@ def check_rewards(script_args, training_args) -> tuple[list, type | None]:
             f"({', '.join(names) or 'none'}); give one weight per reward function (the "
             "environment's get_reward has weight 1)"
         )
-    return tools, environment
+    return Resolved(funcs, tools, environment)
 
 
 def check_context(script_args, training_args, model_args, tools=(), environment=None) -> list:
@@ -180,7 +191,7 @@ def check_recipe(recipe: Recipe) -> Recipe:
     script, training = recipe.script, recipe.training
     rl = recipe.method in RL_METHODS  # SFT has no rewards, reference, benchmarks or server
     with collecting(recipe.path) as problems:
-        mixture, resolved, notes = None, ((), None), []
+        mixture, resolved, notes = None, Resolved([], [], None), []
         if script is not None:
             with problems.check("dataset_mixture"):
                 mixture = parse_mixture(script.dataset_mixture, "recipe")
@@ -190,7 +201,7 @@ def check_recipe(recipe: Recipe) -> Recipe:
         if rl and script is not None and training is not None:
             with problems.check("reward_funcs", "reward_weights"):
                 resolved = check_rewards(script, training)
-                notes += _reward_note(script, resolved[1])
+                notes += _reward_note(script, resolved.environment)
         if recipe.launch is not None:
             with problems.check("accelerate_config"):
                 check_launch(recipe.launch)
@@ -218,7 +229,8 @@ def check_recipe(recipe: Recipe) -> Recipe:
         ):
             with problems.check("vllm_max_model_length"):
                 parsed = dataclasses.replace(script, dataset_mixture=mixture)
-                notes += check_context(parsed, training, recipe.model, *resolved)
+                tools, environment = resolved.tools, resolved.environment
+                notes += check_context(parsed, training, recipe.model, tools, environment)
         if rl and script is not None and not problems.failed("dataset_name", "dataset_mixture"):
             with problems.check("reward_funcs"):
                 notes += _unjudged_note(dataclasses.replace(script, dataset_mixture=mixture))
@@ -236,7 +248,9 @@ def check_recipe(recipe: Recipe) -> Recipe:
     if script is None:  # not built (its problems are collected outside): nothing to replace
         return recipe
     script = dataclasses.replace(script, dataset_mixture=mixture)
-    return dataclasses.replace(recipe, script=script, notes=(*recipe.notes, *notes))
+    resolved = resolved if rl and training is not None else None
+    notes = (*recipe.notes, *notes)
+    return dataclasses.replace(recipe, script=script, notes=notes, resolved=resolved)
 
 
 def _reward_note(script_args, environment) -> list[str]:

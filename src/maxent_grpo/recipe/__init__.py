@@ -52,6 +52,7 @@ class Recipe:
     overrides: tuple[str, ...]  # the flags after the recipe file
     world_size: int
     notes: tuple[str, ...] = ()  # `note:` lines for check: aliases read, then what checks add
+    resolved: Any = None  # preflight.Resolved: the rewards, tools, environment check_recipe made
 
     @property
     def output_dir(self) -> str:

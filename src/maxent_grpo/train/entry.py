@@ -137,26 +137,18 @@ def make_step_event_callback():
 
 
 def _rewards_and_tools(recipe) -> dict:
-    """GRPO's trainer arguments beyond the data: the reward functions, and tools if any."""
-    from maxent_grpo.rewards import get_reward_funcs, guard_rewards  # imports sympy
-    from maxent_grpo.rewards.environments import get_environment, reward_names  # transformers
+    """GRPO's trainer arguments beyond the data: the reward functions, and tools if any, as
+    check_recipe resolved them in this process (resolved here for a recipe it did not check)."""
+    from maxent_grpo.preflight import check_rewards  # imports rewards/ (sympy): seconds
+    from maxent_grpo.rewards import guard_rewards
 
     script_args = recipe.script
-    environment = get_environment(script_args.environment, script_args.tool_settings())
-    reward_funcs = guard_rewards(
-        get_reward_funcs(
-            reward_names(script_args.reward_funcs, environment),  # unset: see its help
-            **script_args.reward_settings(recipe.training.max_completion_length),
-        ),
-        script_args.reward_timeout_seconds,
-    )
-    from maxent_grpo.rewards.tools import get_tools  # imports transformers on a custom tool
-
+    resolved = recipe.resolved or check_rewards(script_args, recipe.training)
+    reward_funcs = guard_rewards(resolved.reward_funcs, script_args.reward_timeout_seconds)
     # TRL's GRPOTrainer takes tools only when there are some (it checks the chat template).
-    tools = get_tools(script_args.tools, script_args.tool_settings())
-    extra = {"reward_funcs": reward_funcs, **({"tools": tools} if tools else {})}
-    if environment is not None:  # a class: TRL makes one instance per rollout
-        extra["environment_factory"] = environment
+    extra = {"reward_funcs": reward_funcs, **({"tools": resolved.tools} if resolved.tools else {})}
+    if resolved.environment is not None:  # a class: TRL makes one instance per rollout
+        extra["environment_factory"] = resolved.environment
     return extra
 
 
