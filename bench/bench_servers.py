@@ -14,8 +14,9 @@ cores, and vLLM would pin every server to core 0). From this host, the trainers'
 (train/server_pool.py ServerPool over TRL's VLLMClient) sends `--prompts` prompts of exactly
 `--tokens` completion tokens per round, to the first server alone or to both, a warm-up each,
 then `--repeats` timed rounds, alternating. Figures: prompts/s (median round) for one and two
-servers, their ratio, and how the two-server rounds split the prompts. Writes
-bench/results/servers.json.
+servers, their ratio, and how the two-server rounds split the prompts; then the disk weight
+push (the model's safetensors reloaded) to one server, to both at once (the trainers' pool)
+and to both in turn (the push before issue 55). Writes bench/results/servers.json.
 """
 
 from __future__ import annotations
@@ -90,9 +91,16 @@ def start_servers(env: dict[str, str], command: tuple[str, ...], log: Path) -> s
 def server_urls(env: dict[str, str], job: str, port: int) -> list[str]:
     """The job's nodes' addresses (NodeAddr), reachable from this host over the bridge."""
     deadline = time.monotonic() + 60
-    while not (nodes := slurm(env, "squeue", "-h", "-j", job, "-t", "R", "-o", "%N").strip()):
+    while True:
+        state, _, nodes = (
+            slurm(env, "squeue", "-h", "-j", job, "-o", "%T %N").strip().partition(" ")
+        )
+        if state == "RUNNING" and nodes:
+            break
+        if not state:  # gone from the queue: it ended (e.g. its output file could not be made)
+            raise RuntimeError(f"job {job} ended before its servers ran: see {RESULTS_DIR}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"job {job} did not start within 60 s")
+            raise RuntimeError(f"job {job} did not start within 60 s ({state})")
         time.sleep(0.5)
     urls = []
     for name in slurm(env, "scontrol", "show", "hostnames", nodes).split():
@@ -122,8 +130,9 @@ def one_round(pool, prompts: list[str], tokens: int) -> float:
     return time.perf_counter() - start
 
 
-def measure(urls: list[str], args) -> dict:
-    """Warm-up, then alternating timed rounds of the first server alone and of both."""
+def measure(urls: list[str], args, model: Path) -> dict:
+    """Warm-up, then alternating timed rounds of the first server alone and of both; then the
+    weight pushes."""
     from maxent_grpo.train.server_pool import ServerPool
     from maxent_grpo.train.vllm_connect import authorized_client_class
 
@@ -142,7 +151,36 @@ def measure(urls: list[str], args) -> dict:
         "round_s": rounds,
         "prompts_per_s": {n: args.prompts / statistics.median(r) for n, r in rounds.items()},
         "two_server_split": dict(zip(urls, split, strict=True)),
+        "push_s": pushes(pools, model, args.repeats),
     }
+
+
+def pushes(pools: dict, model: Path, repeats: int) -> dict[str, float]:
+    """Median seconds of a disk weight push (the model's safetensors reloaded, the prefix
+    cache reset: vllm_weight_sync: disk's calls) to one server, to both at once (the pool),
+    and to both one after the other (the push before issue 55), alternating."""
+    import functools
+
+    from maxent_grpo.train.vllm_sync import _reload_and_reset
+
+    reload = functools.partial(_reload_and_reset, directory=model)
+
+    def in_turn() -> None:
+        for client in pools[2].clients:
+            reload(client)
+
+    ways = {
+        "1 server": lambda: pools[1].each(reload, "reload_weights"),
+        "2 at once": lambda: pools[2].each(reload, "reload_weights"),
+        "2 in turn": in_turn,
+    }
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(repeats + 1):  # the first round warms up
+        for name, push in ways.items():
+            start = time.perf_counter()
+            push()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(seconds[1:]) for name, seconds in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,15 +199,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     measurement = Measurement("servers", args.output)
     with tempfile.TemporaryDirectory(prefix="bench-servers-") as tmp:
-        plan = server_plan(Path(tmp), small_model(Path(tmp)), 1)
+        model = small_model(Path(tmp))
+        plan = server_plan(Path(tmp), model, 1)
         env.update(plan.env)
         log = RESULTS_DIR / "servers-job.log"
+        log.parent.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no results yet
         job = start_servers(env, plan.command, log)
         try:
             urls = server_urls(env, job, plan.port)
             healthy = wait_healthy(urls)
             print(f"servers: {', '.join(urls)} healthy after {healthy:.1f} s", flush=True)
-            result = measure(urls, args)
+            result = measure(urls, args, model)
         finally:
             subprocess.run(["scancel", job], env=env, check=False)
     one, two = result["prompts_per_s"][1], result["prompts_per_s"][2]
@@ -180,6 +220,19 @@ def main(argv: list[str] | None = None) -> int:
         figure("servers: 2 servers, prompts/s", two, "/s"),
         figure("servers: 2/1 prompts/s", two / one, "x", is_ratio=True, note=setting),
     ]
+    push = result["push_s"]
+    for name, seconds in push.items():
+        figures.append(figure(f"servers: weight push, {name}", seconds, "s"))
+    figures.append(
+        figure(
+            "servers: push 2 at once / 1", push["2 at once"] / push["1 server"], "x", is_ratio=True
+        )
+    )
+    figures.append(
+        figure(
+            "servers: push 2 in turn / 1", push["2 in turn"] / push["1 server"], "x", is_ratio=True
+        )
+    )
     print_figures(figures)
     print(f"  servers: two-server rounds, prompts per server: {split}", flush=True)
     settings = {"prompts": args.prompts, "tokens": args.tokens, "repeats": args.repeats}
