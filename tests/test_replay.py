@@ -244,3 +244,16 @@ def test_replay_shows_in_events_and_a_resume_keeps_the_buffer(tmp_path, tiny_mod
                 key,
                 json.dumps({"expected": expected[step], "resumed": resumed[step]})[:2000],
             )
+
+
+@pytest.mark.integration
+def test_the_replay_benchmark_prints_its_figures_and_ratios(tmp_path):
+    output = tmp_path / "replay.json"
+    command = [PYTHON, "bench/bench_replay.py", "--steps", "3", "--rounds", "1"]
+    result = run([*command, "--output", str(output)], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = {f["name"]: f for f in json.loads(output.read_text())["figures"]}
+    for name in ("plain", "replay", "replay / plain"):
+        assert f"{name}: informative_groups_per_step" in figures, sorted(figures)
+    assert figures["replay / plain: informative_groups_per_step"]["unit"] == "x"
+    assert "replay / plain: reward_at_budget" in result.stdout
