@@ -111,7 +111,10 @@ def grpo(**keys) -> GRPOConfig:
     ("keys", "message"),
     [
         (dict(per_device_train_batch_size=4), "needs at least 2 (one fresh, one replayed)"),
-        (dict(per_device_train_batch_size=12, replay_share=0.3), "replays none; set replay"),
+        (
+            dict(per_device_train_batch_size=12, replay_share=0.3),
+            "set replay_share to at least 0.34",
+        ),
         (dict(replay_buffer_size=1, per_device_train_batch_size=16), "replay_buffer_size: 1"),
         (dict(per_device_train_batch_size=6, generation_batch_size=12), "whole groups"),
         (dict(rollout_filters=["nonzero_std"]), "does not yet work with generation rounds"),

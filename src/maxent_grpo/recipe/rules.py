@@ -197,7 +197,7 @@ def check_replay(values: Any, world_size: int | None) -> None:
     elif replayed < 1:
         lines.append(
             f"replay_share: {share} of the {groups} groups each process generates per step "
-            f"replays none; set replay_share to at least {1 / groups:g}"
+            f"replays none; set replay_share to at least {math.ceil(100 / groups) / 100:g}"
         )
     elif values.replay_buffer_size < replayed:
         lines.append(
