@@ -2,10 +2,10 @@
 
 The unit tests use the buffer alone. The integration tests train the tiny model: one in
 process, reading what TRL's loss gets (a replayed group carries the logprobs of the policy
-that made it, so its importance ratio is not 1), and three runs of `src/grpo.py` (4 steps;
-2 steps, then resumed to 4), whose events must show the replayed share and age, and whose
-resumed steps must be those of the uninterrupted run (a buffer not restored replays nothing
-at step 3).
+that made it, so its importance ratio is not 1), three runs of `maxent-grpo run` on 2 CPU
+processes (4 steps; stopped after step 2, then resumed), whose events must show the replayed
+share and age, and whose resumed steps must be those of the uninterrupted run (a buffer not
+restored replays nothing at step 3), and the benchmark's smallest case.
 """
 
 from __future__ import annotations
@@ -17,17 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.paths import SMOKE_VLLM
+from helpers.paths import MAXENT_GRPO, SMOKE_VLLM
 from helpers.recipes import small_recipe, write_recipe
 from helpers.resume import assert_resumed_from, event_count
-from helpers.runs import PYTHON, REPO, run
+from helpers.runs import PYTHON, run
 from maxent_grpo.errors import ConfigError
 from maxent_grpo.recipe.keys import GRPOConfig
 from maxent_grpo.rundir.events import read_events
 from maxent_grpo.train.replay import Buffered, ReplayBuffer, draw, group_priority, merge_groups
 from maxent_grpo.train.state import STATE_FILE
 
-GRPO = str(REPO / "src" / "grpo.py")
 # 2 groups of 4 per process and step: one fresh, one replayed.
 REPLAY = dict(
     reward_funcs=["digit_fraction"],
@@ -207,15 +206,28 @@ def test_a_replayed_group_carries_the_logprobs_of_the_policy_that_made_it(tmp_pa
     assert replayed == 2 * 4, "steps 2 and 3 should each replay one group of 4"
 
 
-def _train(folder: Path, tiny_model: Path, max_steps: int, **keys) -> tuple[Path, str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    recipe = small_recipe(folder, tiny_model, **REPLAY, save_steps=2, max_steps=4, **keys)
-    result = run([PYTHON, GRPO, "--config", str(recipe), "--max_steps", str(max_steps)])
-    assert result.returncode == 0, result.stderr[-3000:]
-    return folder / "out", result.stdout + result.stderr
+# weight 0: stops the run at the end of a given step, as a Slurm time limit would
+STOP = "tests.helpers.stop_rewards:stop_at_step"
+
+
+def _launch(folder: Path, tiny_model: Path, stop_at: int = 0) -> str:
+    """`maxent-grpo run` of 4 steps on 2 CPU processes (each its own buffer); with `stop_at`,
+    stopped at the end of that step (its checkpoint). The launcher's output."""
+    keys = {**REPLAY, "reward_funcs": ["digit_fraction", STOP], "reward_weights": [1.0, 0.0]}
+    recipe = small_recipe(folder, tiny_model, **keys, max_steps=4, save_total_limit=None)
+    command = [MAXENT_GRPO, "run", "--config", str(recipe), "--logs-dir", str(folder / "logs")]
+    stop = dict(
+        MAXENT_GRPO_TEST_STOP_AT=str(stop_at), MAXENT_GRPO_TEST_STOP_DIR=str(folder / "out")
+    )
+    result = run(command, timeout=600, **(stop if stop_at else {}))
+    output = result.stdout + result.stderr
+    assert "training: 2 processes on 1 machine(s)" in result.stdout, output[-3000:]
+    assert (result.returncode != 0) == bool(stop_at), output[-3000:]
+    return output
 
 
 def _step_metrics(output_dir: Path) -> dict[int, dict]:
+    """Each step's metrics from events.jsonl (the last attempt's, where steps repeat)."""
     return {
         int(e["step"]): e["metrics"]
         for e in read_events(output_dir)
@@ -225,20 +237,21 @@ def _step_metrics(output_dir: Path) -> dict[int, dict]:
 
 @pytest.mark.integration
 def test_replay_shows_in_events_and_a_resume_keeps_the_buffer(tmp_path, tiny_model):
-    full, _ = _train(tmp_path / "full", tiny_model, 4)
-    expected = _step_metrics(full)
+    _launch(tmp_path / "full", tiny_model)
+    expected = _step_metrics(tmp_path / "full" / "out")
+    # summed over the 2 processes: 2 groups each per step, one replayed from step 2 on
     assert [expected[s]["replay/share"] for s in (1, 2, 3, 4)] == [0.0, 0.5, 0.5, 0.5]
     assert all(expected[s]["replay/mean_age"] >= 1 for s in (2, 3, 4))
-    assert [expected[s]["replay/buffer"] for s in (1, 2, 3, 4)] == [2, 3, 4, 5]
+    assert [expected[s]["replay/buffer"] for s in (1, 2, 3, 4)] == [4, 6, 8, 10]
 
-    part, _ = _train(tmp_path / "part", tiny_model, 2)
-    (part / "maxent_grpo_training_complete.json").unlink()
-    saved = torch.load(part / "checkpoint-2" / STATE_FILE.format(0), weights_only=True)
-    assert len(saved["pieces"]["replay"]["groups"]) == 3  # steps 1 (2 groups) and 2 (1)
+    part = tmp_path / "part" / "out"
+    _launch(tmp_path / "part", tiny_model, stop_at=2)
+    for process in (0, 1):  # each process's own buffer: step 1's 2 groups and step 2's 1
+        saved = torch.load(part / "checkpoint-2" / STATE_FILE.format(process), weights_only=True)
+        assert len(saved["pieces"]["replay"]["groups"]) == 3
     before = event_count(part)
-    _, log = _train(tmp_path / "part", tiny_model, 4)
-    assert_resumed_from(part, before, checkpoint=2, max_steps=4, log=log)
-    assert "replay: resumed a buffer of 3 groups" in log
+    log = _launch(tmp_path / "part", tiny_model)
+    assert_resumed_from(part, before, checkpoint=2, max_steps=4)
     resumed = _step_metrics(part)
     for step in (3, 4):
         for key in ("replay/share", "replay/mean_age", "replay/buffer", "loss", "reward"):
@@ -247,6 +260,7 @@ def test_replay_shows_in_events_and_a_resume_keeps_the_buffer(tmp_path, tiny_mod
                 key,
                 json.dumps({"expected": expected[step], "resumed": resumed[step]})[:2000],
             )
+    assert "replay: resumed a buffer of 3 groups" in log
 
 
 @pytest.mark.integration
