@@ -53,6 +53,11 @@ ROUNDS_HOOKS = {
     "_calculate_rewards": ["failpoints", "rollouts", "step_clock"],  # each round's, timed
     "compute_loss": ["rollouts"],
 }
+REPLAY = dict(replay_share=0.5, num_generations=4)  # 2 groups a process: 1 replayed
+REPLAY_HOOKS = {
+    "_generate_and_score_completions": ["failpoints", "replay"],
+    "_calculate_rewards": ["failpoints", "replay", "step_clock"],  # timed: TRL's own
+}
 CASES = {
     "grpo": ({}, "grpo", None, GRPO),
     "grpo, adaptive beta and entropy rule": (
@@ -84,6 +89,18 @@ CASES = {
             "_calculate_rewards": ["failpoints", "rollouts", "step_clock", "maxent"],
             "_generate_and_score_completions": ["failpoints", "rollouts", "maxent"],  # each round
             "_compute_loss": ["maxent"],
+        },
+    ),
+    # Replay wraps the scoring of the fresh groups: it keeps them with MaxEnt's weights.
+    "replay": (REPLAY, "grpo", None, {**GRPO, **REPLAY_HOOKS}),
+    "maxent and replay": (
+        REPLAY,
+        "maxent",
+        MaxEnt,
+        {
+            **MAXENT,
+            "_generate_and_score_completions": ["failpoints", "replay", "maxent"],
+            "_calculate_rewards": ["failpoints", "replay", "step_clock", "maxent"],
         },
     ),
     "lora sync": ({**SERVER, "vllm_weight_sync": "lora"}, "grpo", None, GRPO),

@@ -195,6 +195,41 @@ class GRPOConfig(trl.GRPOConfig):
         default=2.0, metadata={"help": "Largest multiplier of entropy_coef."}
     )
 
+    # Replay (train/replay.py, docs/replay.md): trained groups re-sampled in later steps.
+    replay_share: Annotated[float, Accepts(range=(">=", 0, "<", 1))] = field(
+        default=0.0,
+        metadata={
+            "help": "The share of each generation's groups drawn from the replay buffer of "
+            "groups trained in earlier steps (their prompts are not generated for); the rest "
+            "is generated as usual. 0: no replay (nothing is kept, nothing costs)."
+        },
+    )
+    replay_buffer_size: Annotated[int, Accepts(range=(">=", 1))] = field(
+        default=64,
+        metadata={
+            "help": "With replay_share > 0: the most groups the buffer keeps per training "
+            "process; the oldest go first when it is full (counted in replay/evicted_full)."
+        },
+    )
+    replay_priority: str = field(
+        default="advantage",
+        metadata={
+            "help": "Which buffered groups are replayed more often (sampled by rank, without "
+            "replacement): 'advantage' (mean |advantage|), 'spread' (best minus worst reward) "
+            "or 'reward' (mean reward). With 'advantage' and 'spread' a group that carries no "
+            "signal (all rewards equal) is never replayed.",
+            "choices": ["advantage", "spread", "reward"],
+        },
+    )
+    replay_max_age: Annotated[int, Accepts(range=(">=", 1))] = field(
+        default=4,
+        metadata={
+            "help": "With replay_share > 0: the most optimizer steps a replayed group's policy "
+            "may be behind the one that trains on it; older groups are evicted (counted in "
+            "replay/evicted_age)."
+        },
+    )
+
     rollout_filters: list[str] = field(
         default_factory=list,
         metadata={

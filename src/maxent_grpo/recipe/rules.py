@@ -65,6 +65,7 @@ def check_rules(values: Any, world_size: int | None, method: str, model: Any = N
         lambda: check_rollouts(values, world_size),
         lambda: check_kl_horizon(values, world_size),
         lambda: check_server_wait(values),
+        lambda: check_replay(values, world_size),
         lambda: check_trainer_values(values, method),
     ]
     if model is not None:
@@ -158,6 +159,53 @@ def check_rollouts(values: Any, world_size: int | None) -> None:
         )
     if lines:
         raise ConfigProblems("rollout_filters", lines)
+
+
+def check_replay(values: Any, world_size: int | None) -> None:
+    """Replay (train/replay.py) swaps whole groups of each process's generation batch for
+    buffered ones, inside TRL's one generation per step."""
+    share = values.replay_share
+    if not share:
+        return
+    lines = []
+    if values.async_generation:
+        lines.append(
+            f"replay_share: {share} with async_generation: true: the next step's prompts are "
+            "sent ahead in full, before replay decides which of them to skip; set one of them"
+        )
+    if values.rollout_filters or values.max_generation_rounds > 1 or values.oversample_factor > 1:
+        lines.append(
+            f"replay_share: {share} with rollout_filters, max_generation_rounds or "
+            "oversample_factor: replay does not yet work with generation rounds (a round's "
+            "groups and their rewards are regrouped there); drop one of them"
+        )
+    rows = values.per_device_train_batch_size * generation_steps(values, world_size)
+    groups = rows // values.num_generations
+    replayed = math.floor(share * groups)
+    if rows % values.num_generations:
+        lines.append(
+            f"replay_share: {share}: per_device_train_batch_size x steps_per_generation "
+            f"({rows}) is not a multiple of num_generations ({values.num_generations}); replay "
+            "swaps whole groups on each process"
+        )
+    elif groups < 2:
+        lines.append(
+            f"replay_share: {share} with {groups} group per process per generation: replay "
+            "needs at least 2 (one fresh, one replayed); raise per_device_train_batch_size or "
+            "steps_per_generation, or lower num_generations"
+        )
+    elif replayed < 1:
+        lines.append(
+            f"replay_share: {share} of the {groups} groups each process generates per step "
+            f"replays none; set replay_share to at least {math.ceil(100 / groups) / 100:g}"
+        )
+    elif values.replay_buffer_size < replayed:
+        lines.append(
+            f"replay_buffer_size: {values.replay_buffer_size} holds fewer groups than the "
+            f"{replayed} a step replays; set replay_buffer_size to at least {replayed}"
+        )
+    if lines:
+        raise ConfigProblems("replay_share", lines)
 
 
 def check_adaptive_kl(values: Any, method: str) -> None:

@@ -19,6 +19,7 @@ from maxent_grpo.train.checkpoints import CompleteCheckpoints
 from maxent_grpo.train.data_order import EpochOrder
 from maxent_grpo.train.entropy_kl import EntropyKL, rule_of
 from maxent_grpo.train.heartbeat import Beats
+from maxent_grpo.train.replay import Replay
 from maxent_grpo.train.rollout_rounds import Rollouts
 from maxent_grpo.train.step_time import StepClock
 from maxent_grpo.train.trl_adapter import HOOKS
@@ -58,8 +59,10 @@ def plan_components(args, method: str, method_component: type | None = None) -> 
     beta reads TRL's KL after the loss the entropy rule adapted; a checkpoint is marked
     complete only after every file, the rounds' state included; the rounds call the scoring
     below them once per round (each round gets MaxEnt's weights, timed as rewards by the
-    step clock); the step clock times the async request as input preparation; MaxEnt,
-    innermost, computes its weights and loss on TRL's own output.
+    step clock); replay (never with the rounds: recipe check) wraps the scoring of the
+    step's fresh groups, so it stores them with MaxEnt's weights as their advantages and the
+    step clock times their rewards; the step clock times the async request as input
+    preparation; MaxEnt, innermost, computes its weights and loss on TRL's own output.
     """
     if method == "sft":
         return [Beats, CompleteCheckpoints]
@@ -72,6 +75,8 @@ def plan_components(args, method: str, method_component: type | None = None) -> 
     plan.append(CompleteCheckpoints)
     if rollouts_on(args):
         plan.append(Rollouts)
+    if args.replay_share > 0:
+        plan.append(Replay)
     plan += [EpochOrder, StepClock]
     if args.use_vllm:
         plan.append(VLLMSync)
