@@ -97,6 +97,15 @@ CASES: dict[str, tuple[Path, dict]] = {
     "sync_unknown": (SMOKE_VLLM, {"vllm_weight_sync": "rsync"}),
     "nccl_on_cpu": (SMOKE_VLLM, {"vllm_weight_sync": "nccl"}),
     "lora_whole_model": (SMOKE_VLLM, {"vllm_weight_sync": "lora"}),
+    "replay_async": (SMOKE_VLLM, {"replay_share": 0.5, "async_generation": True}),
+    "replay_rounds": (SMOKE, {"replay_share": 0.5, "max_generation_rounds": 2}),
+    "replay_split": (SMOKE, {"replay_share": 0.5, "per_device_train_batch_size": 12}),
+    "replay_one_group": (SMOKE, {"replay_share": 0.5}),
+    "replay_none": (SMOKE, {"replay_share": 0.3, "num_generations": 4}),
+    "replay_small_buffer": (
+        SMOKE,
+        {"replay_share": 0.75, "num_generations": 2, "replay_buffer_size": 2},
+    ),
 }
 
 # A fragment of each refusal's message (as written in the source) -> the case that reaches it
@@ -136,6 +145,12 @@ REFUSALS: dict[str, tuple[str, str] | str] = {
     "only applies to the adaptive tau": ("maxent_tau_knob", "maxent_tau_lr: 0.7 only applies"),
     "must lie strictly between 0": ("maxent_target_high", "maxent_target_weight_entropy: 5.0"),
     "must lie in [maxent_tau_min, maxent_tau_max]": ("maxent_tau_outside", "maxent_tau: 10.0"),
+    "before replay decides which of them to skip": ("replay_async", "sent ahead in full"),
+    "replay does not yet work with generation rounds": ("replay_rounds", "with rollout_filters"),
+    "replay swaps whole groups on each process": ("replay_split", "(12) is not a multiple"),
+    "replay needs at least 2 (one fresh, one replayed)": ("replay_one_group", "with 1 group"),
+    "replays none; set replay_share to at least": ("replay_none", "set replay_share to at least"),
+    "holds fewer groups than the": ("replay_small_buffer", "replay_buffer_size: 2 holds fewer"),
     # train/ and maxent/: the components, each refusal's recipe value
     "init_beta must be >= 0": ("init_kl_negative", "'init_kl_coeff': -1.0 is invalid"),
     "set both target and horizon": ("kl_target_alone", "kl_horizon: not set"),
