@@ -30,6 +30,7 @@ LAYERS: list[set[str]] = [
     {"maxent"},  # built on train/ (its trainer class, the KL controller)
     {"launch", "evaluate", "runs"},
     {"migrate"},  # recipes of other toolkits rewritten (the plan's processes: launch/plan)
+    {"cli_parser"},  # the command's arguments (methods.py's names only)
     {"cli", "train_process"},
 ]
 # Modules whose layer is not their package's (none today: MaxEnt's recipe keys are recipe/'s).

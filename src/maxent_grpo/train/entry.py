@@ -140,7 +140,7 @@ def _rewards_and_tools(recipe) -> dict:
     """GRPO's trainer arguments beyond the data: the reward functions, and tools if any, as
     check_recipe resolved them in this process (resolved here for a recipe it did not check)."""
     from maxent_grpo.preflight import check_rewards  # imports rewards/ (sympy): seconds
-    from maxent_grpo.rewards import guard_rewards
+    from maxent_grpo.rewards import guard_rewards  # imports sympy (math rewards): seconds
 
     script_args = recipe.script
     resolved = recipe.resolved or check_rewards(script_args, recipe.training)
