@@ -47,7 +47,7 @@ _PAD_ONE = {"tool_mask"}
 
 
 def group_priority(kind: str, rewards: list[float], advantages: torch.Tensor) -> float:
-    """A group's priority: 'advantage' mean |advantage|, 'spread' best minus worst reward,
+    """A group's priority: 'advantage' mean absolute advantage, 'spread' best minus worst reward,
     'reward' mean reward (NaN rewards, unscorable completions, left out)."""
     if kind == "advantage":
         return float(advantages.abs().mean())
