@@ -37,7 +37,7 @@ from maxent_grpo.rundir.checkpoints import (
 )
 from maxent_grpo.rundir.events import emit
 from maxent_grpo.timers import timed
-from maxent_grpo.train import trl_adapter
+from maxent_grpo.train import rollout_func, trl_adapter
 from maxent_grpo.train.checkpoints import make_stop_callback
 from maxent_grpo.train.heartbeat import attach_heartbeat
 from maxent_grpo.train.reference_model import reference_model
@@ -155,6 +155,7 @@ def _rewards_and_tools(recipe) -> dict:
     # TRL's GRPOTrainer takes tools only when there are some (it checks the chat template).
     tools = get_tools(script_args.tools, script_args.tool_settings())
     extra = {"reward_funcs": reward_funcs, **({"tools": tools} if tools else {})}
+    extra.update(rollout_func.trainer_arguments(recipe.training))  # the recipe's own, if any
     if environment is not None:  # a class: TRL makes one instance per rollout
         extra["environment_factory"] = environment
     return extra
