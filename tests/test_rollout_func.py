@@ -74,14 +74,12 @@ def test_check_passes_the_shipped_example(tmp_path, tiny_model, capsys):
     assert code == 0 and not errors, errors
 
 
-@pytest.fixture(scope="module")
-def self_checked(tmp_path_factory, tiny_model):
+def _train(folder, tiny_model, **keys) -> SimpleNamespace:
     """Two steps of GRPO whose completions the self-check rollout function makes."""
     from maxent_grpo.recipe import build_recipe, read_recipe
     from maxent_grpo.train.entry import _build_trainer
     from maxent_grpo.train_process import trainer_class
 
-    folder = tmp_path_factory.mktemp("rollout_func")
     path = small_recipe(
         folder,
         tiny_model,
@@ -93,6 +91,7 @@ def self_checked(tmp_path_factory, tiny_model):
         max_completion_length=64,  # the tiny tokenizer: about a token a character
         learning_rate=1e-2,
         max_steps=2,
+        **keys,
     )
     recipe = build_recipe(read_recipe(["--config", str(path)]), 1)
     trainer = _build_trainer(recipe, trainer_class(recipe.method))
@@ -109,6 +108,11 @@ def self_checked(tmp_path_factory, tiny_model):
         losses=losses,
         before=before,
     )
+
+
+@pytest.fixture(scope="module")
+def self_checked(tmp_path_factory, tiny_model):
+    return _train(tmp_path_factory.mktemp("rollout_func"), tiny_model)
 
 
 @pytest.mark.integration
@@ -142,3 +146,23 @@ def test_its_completions_are_trained_on_with_the_check_text_out_of_the_loss(self
         if not torch.equal(p.detach(), self_checked.before[n])
     ]
     assert changed, "training on the rollout function's completions changed no weight"
+
+
+def _trained_completions(inputs) -> list[tuple]:
+    ids, mask = inputs["completion_ids"], inputs["completion_mask"].bool()
+    return sorted(tuple(row[m].tolist()) for row, m in zip(ids, mask, strict=True))
+
+
+@pytest.mark.integration
+def test_the_rounds_filter_and_carry_over_its_groups(tmp_path, tiny_model):
+    run = _train(tmp_path, tiny_model, rollout_filters=["nonzero_std"], oversample_factor=2.0)
+    # Step 1's one round generates for its 2 prompts and 2 more (8 rows, one call); step 2
+    # trains on the 2 groups carried over, with no call.
+    (call,) = run.calls
+    assert len(call["prompts"]) == 8
+    logs = [e for e in run.trainer.state.log_history if "loss" in e]
+    assert [e["rollouts/rounds"] for e in logs] == [1.0, 0.0]
+    assert [e["rollouts/carried_in"] for e in logs] == [0.0, 2.0]
+    made = sorted(tuple(ids) for ids in call["output"]["completion_ids"])
+    trained = sorted(_trained_completions(run.losses[0]) + _trained_completions(run.losses[1]))
+    assert trained == made  # every group the function made, trained once
