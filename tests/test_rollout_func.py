@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import rollout_funcs
-from helpers.recipes import small_recipe
+from helpers.recipes import SMOKE, SMOKE_MAXENT, small_recipe
 from helpers.scripted_policy import record_loss_inputs, split_by_tool_mask
 from maxent_grpo import cli
 from maxent_grpo.errors import ConfigError
@@ -74,8 +74,8 @@ def test_check_passes_the_shipped_example(tmp_path, tiny_model, capsys):
     assert code == 0 and not errors, errors
 
 
-def _train(folder, tiny_model, **keys) -> SimpleNamespace:
-    """Two steps of GRPO whose completions the self-check rollout function makes."""
+def _train(folder, tiny_model, base=SMOKE, **keys) -> SimpleNamespace:
+    """Two steps (GRPO, or `base`'s method) whose completions the self-check makes."""
     from maxent_grpo.recipe import build_recipe, read_recipe
     from maxent_grpo.train.entry import _build_trainer
     from maxent_grpo.train_process import trainer_class
@@ -83,6 +83,7 @@ def _train(folder, tiny_model, **keys) -> SimpleNamespace:
     path = small_recipe(
         folder,
         tiny_model,
+        base,
         rollout_func=RECORDING,
         reward_funcs=["helpers.rollout_funcs:seven"],
         reward_weights=[1.0],
@@ -155,7 +156,17 @@ def _trained_completions(inputs) -> list[tuple]:
 
 @pytest.mark.integration
 def test_the_rounds_filter_and_carry_over_its_groups(tmp_path, tiny_model):
-    run = _train(tmp_path, tiny_model, rollout_filters=["nonzero_std"], oversample_factor=2.0)
+    """MaxEnt-GRPO here (the other tests: GRPO): its weights and loss over the function's."""
+    run = _train(
+        tmp_path,
+        tiny_model,
+        SMOKE_MAXENT,
+        rollout_filters=["nonzero_std"],
+        oversample_factor=2.0,
+        maxent_target_weight_entropy=0.5,  # < log 2: two completions a group
+        overlong_buffer=None,  # soft_overlong_punishment is not among the rewards
+    )
+    assert run.trainer.method == "maxent"
     # Step 1's one round generates for its 2 prompts and 2 more (8 rows, one call); step 2
     # trains on the 2 groups carried over, with no call.
     (call,) = run.calls
