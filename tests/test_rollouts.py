@@ -197,6 +197,9 @@ def test_best_carries_a_group_over_at_most_once():
     assert choose_groups([0.2, 0.9, 0.1], 1, 1, 2, "best", True) == ([], [1, 0], [2])
 
 
-def test_oversample_keep_takes_only_its_choices():
+def test_oversample_keep_takes_only_its_choices_and_needs_a_choice():
     with pytest.raises(ConfigError, match="oversample_keep"):
         read_recipe(["--config", str(SMOKE_GRPO), "--oversample_keep", "largest"])
+    with pytest.raises(ConfigError, match="oversample_keep: best with nothing to choose from"):
+        GRPOConfig(output_dir="/tmp/x", oversample_keep="best", use_cpu=True)
+    GRPOConfig(output_dir="/tmp/x", oversample_keep="best", oversample_factor=2.0, use_cpu=True)

@@ -158,6 +158,14 @@ def check_rollouts(values: Any, world_size: int | None) -> None:
             f"num_generations ({values.num_generations}); rollout_filters, "
             "max_generation_rounds and oversample_factor need whole groups on each process"
         )
+    if getattr(values, "oversample_keep", "first") == "best" and not (
+        rollouts or values.oversample_factor > 1
+    ):
+        lines.append(
+            "oversample_keep: best with nothing to choose from: a step holds more groups than "
+            "it needs only with oversample_factor > 1, rollout_filters or max_generation_rounds "
+            "> 1; set oversample_factor (e.g. 2), or oversample_keep: first"
+        )
     if lines:
         raise ConfigProblems("rollout_filters", lines)
 
