@@ -21,7 +21,16 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "maxent_grpo"
 # Bottom first. A unit is a package (recipe) or a top-level module (cli).
 LAYERS: list[set[str]] = [
     {"__init__", "errors", "timers"},  # import nothing of the package
-    {"faults", "tiny_model", "methods", "rundir", "vllm_health", "server_auth", "rollout_filters"},
+    {
+        "faults",
+        "tiny_model",
+        "methods",
+        "rundir",
+        "vllm_health",
+        "server_auth",
+        "rollout_filters",
+        "rollout_func",
+    },
     {"recipe"},
     {"data", "rewards"},
     {"benchmarks"},  # a recipe's benchmarks: spec, data, check (data/ + rewards/)

@@ -47,6 +47,11 @@ CASES: dict[str, tuple[Path, dict]] = {
         {"vllm_sync_interval_steps": 2, "vllm_importance_sampling_correction": False},
     ),
     "async_no_server": (SMOKE, {"async_generation": True}),
+    "best_of_nothing": (SMOKE, {"oversample_keep": "best"}),
+    "rollout_func_async": (
+        SMOKE_VLLM,
+        {"async_generation": True, "rollout_func": "maxent_grpo.train.rollout_func:self_check"},
+    ),
     "async_uncorrected": (
         SMOKE_VLLM,
         {"async_generation": True, "vllm_importance_sampling_correction": False},
@@ -125,6 +130,11 @@ REFUSALS: dict[str, tuple[str, str] | str] = {
         "needs one generation per optimizer step; steps_per_generation 2",
     ),
     "every sample would be too old": ("async_too_stale", "every sample would be too old"),
+    "with nothing to choose from": ("best_of_nothing", "oversample_keep: best with nothing"),
+    "the rollout function generates each step on its own": (
+        "rollout_func_async",
+        "with async_generation: the rollout function generates each step on its own",
+    ),
     "need whole groups on each process": ("rounds_split_groups", "need whole groups"),
     "not set; an adaptive beta needs both": ("kl_target_alone", "kl_horizon: not set"),
     "an adaptive beta (kl_target) multiplies": ("kl_target_no_beta", "it must start > 0"),

@@ -138,8 +138,10 @@ def test_usable_groups_split_evenly_into_micro_batches():
 
 
 def test_tally_metrics_name_each_filter():
-    tally = StepTally(generated=8, kept=2, rounds=2, carried_in=1, trained=2)
+    tally = StepTally(generated=8, kept=2, rounds=2, carried_in=1, trained=2, signal_trained=0.9)
     metrics = tally.metrics({"nonzero_std": 2.0, "diverse": 8.0})
+    assert metrics["rollouts/signal_trained"] == 0.45  # the mean over the trained groups
+    assert StepTally().metrics({})["rollouts/signal_trained"] == 0.0
     assert metrics["rollouts/kept_fraction/nonzero_std"] == 0.25
     assert metrics["rollouts/kept_fraction/diverse"] == 1.0
     assert metrics["rollouts/rounds"] == 2.0
@@ -160,3 +162,44 @@ def test_runs_and_plot_show_the_rollout_counts():
     # The end-of-training summary comes last and has no rollout counts.
     _progress(info, None, [{"step": 1, "metrics": metrics}, {"step": 1, "metrics": {}}])
     assert detail_text(info) == "rollouts: 3/8 groups kept, 4 rounds, 1 carried"
+
+
+def test_a_group_s_signal_is_the_spread_of_its_scored_rewards():
+    from maxent_grpo.train.rollouts import group_signal
+
+    assert group_signal([0.0, 1.0, 0.0, 1.0]) == 0.5  # half right: the largest for 0/1
+    assert math.isclose(group_signal([0.0, 1.0, 0.0, 0.0]), math.sqrt(3) / 4)
+    assert group_signal([1.0, 1.0, 1.0]) == 0.0
+    assert group_signal([1.0, math.nan, 0.0]) == 0.5  # unscored completions left out
+    assert group_signal([1.0, math.nan]) == 0.0
+
+
+SIGNALS = [0.1, 0.5, 0.0, 0.4, 0.3]  # a pool of 5 groups, none carried in
+
+
+def test_best_trains_the_largest_signals_and_carries_the_next_best():
+    from maxent_grpo.train.rollouts import choose_groups
+
+    assert choose_groups(SIGNALS, 0, 2, 2, "best", False) == ([1, 3], [4, 0], [2])
+    # today's rule, unchanged: the first groups, the next ones carried, the rest dropped
+    assert choose_groups(SIGNALS, 0, 2, 2, "first", False) == ([0, 1], [2, 3], [4])
+    # ties keep the pool's order (carried groups first, then the order generated)
+    assert choose_groups([0.5, 0.5, 0.5], 0, 1, 1, "best", False) == ([0], [1], [2])
+
+
+def test_best_carries_a_group_over_at_most_once():
+    from maxent_grpo.train.rollouts import choose_groups
+
+    # group 0 was carried in and loses again: dropped, not carried a second time
+    assert choose_groups([0.2, 0.9, 0.1], 1, 1, 2, "best", False) == ([1], [2], [0])
+    assert choose_groups([0.2, 0.9, 0.1], 1, 1, 2, "first", False) == ([0], [1, 2], [])
+    # a skipped step trains nothing and drops nothing it could carry
+    assert choose_groups([0.2, 0.9, 0.1], 1, 1, 2, "best", True) == ([], [1, 0], [2])
+
+
+def test_oversample_keep_takes_only_its_choices_and_needs_a_choice():
+    with pytest.raises(ConfigError, match="oversample_keep"):
+        read_recipe(["--config", str(SMOKE_GRPO), "--oversample_keep", "largest"])
+    with pytest.raises(ConfigError, match="oversample_keep: best with nothing to choose from"):
+        GRPOConfig(output_dir="/tmp/x", oversample_keep="best", use_cpu=True)
+    GRPOConfig(output_dir="/tmp/x", oversample_keep="best", oversample_factor=2.0, use_cpu=True)

@@ -27,7 +27,7 @@ from maxent_grpo.recipe.checks import (
     check_reference_model,
 )
 from maxent_grpo.recipe.problems import collecting
-from maxent_grpo.recipe.rules import check_model_rules
+from maxent_grpo.recipe.rules import check_model_rules, check_rollout_func
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,6 +237,9 @@ def check_recipe(recipe: Recipe) -> Recipe:
         if rl and script is not None and training is not None:
             with problems.check("benchmarks"):
                 check_benchmarks(script, training)
+        if rl and script is not None and training is not None:
+            with problems.check("rollout_func"):  # with the script's tools and environment
+                check_rollout_func(training, script)
         if training is not None:
             with problems.check("output_dir"):
                 check_output_dir(training.output_dir)

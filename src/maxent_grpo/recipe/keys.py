@@ -265,6 +265,25 @@ class GRPOConfig(trl.GRPOConfig):
         default=False,
         metadata={"help": "length filter: drop a group with a completion cut at the length limit."},
     )
+    oversample_keep: str = field(
+        default="first",
+        metadata={
+            "help": "Which of a step's kept groups it trains on when it holds more than it "
+            "needs (oversample_factor, carry-over): 'first' (carried groups, then in the order "
+            "generated) or 'best' (the largest reward standard deviation first; the next best "
+            "are carried over, a carried group at most once). docs/rollouts.md has the figures.",
+            "choices": ["first", "best"],
+        },
+    )
+    rollout_func: str | None = field(
+        default=None,
+        metadata={
+            "help": "Your own rollout function, 'module:function(prompts, trainer) -> dict', "
+            "passed to TRL's GRPOTrainer as rollout_func: it generates each step's completions "
+            "instead of TRL (e.g. maxent_grpo.train.rollout_func:self_check, a two-turn "
+            "self-check). Not with async_generation, tools or environment (docs/rollouts.md)."
+        },
+    )
 
     METHOD = "grpo"  # the rules of recipe/rules.py this section follows
 

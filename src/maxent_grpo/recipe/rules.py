@@ -26,6 +26,7 @@ from maxent_grpo.methods import uses_vllm_server
 from maxent_grpo.recipe import schema
 from maxent_grpo.recipe.problems import run_checks
 from maxent_grpo.rollout_filters import find_filter
+from maxent_grpo.rollout_func import find_rollout_func
 
 
 def kl_coefficient(values: Any, method: str) -> float:
@@ -63,6 +64,7 @@ def check_rules(values: Any, world_size: int | None, method: str, model: Any = N
         lambda: check_sync_interval(values),
         lambda: check_async_generation(values, world_size),
         lambda: check_rollouts(values, world_size),
+        lambda: check_rollout_func(values),
         lambda: check_kl_horizon(values, world_size),
         lambda: check_server_wait(values),
         lambda: check_replay(values, world_size),
@@ -157,6 +159,14 @@ def check_rollouts(values: Any, world_size: int | None) -> None:
             f"num_generations ({values.num_generations}); rollout_filters, "
             "max_generation_rounds and oversample_factor need whole groups on each process"
         )
+    if getattr(values, "oversample_keep", "first") == "best" and not (
+        rollouts or values.oversample_factor > 1
+    ):
+        lines.append(
+            "oversample_keep: best with nothing to choose from: a step holds more groups than "
+            "it needs only with oversample_factor > 1, rollout_filters or max_generation_rounds "
+            "> 1; set oversample_factor (e.g. 2), or oversample_keep: first"
+        )
     if lines:
         raise ConfigProblems("rollout_filters", lines)
 
@@ -206,6 +216,33 @@ def check_replay(values: Any, world_size: int | None) -> None:
         )
     if lines:
         raise ConfigProblems("replay_share", lines)
+
+
+def check_rollout_func(values: Any, script: Any = None) -> None:
+    """rollout_func imports, takes (prompts, trainer), and is not used with what would also
+    generate: async generation (it makes the next step's completions with TRL's own call),
+    tools or an environment (TRL would run its tool loop on the function's completions).
+    `script`: the section holding tools and environment (None: `values` holds every key)."""
+    name = getattr(values, "rollout_func", None)
+    if name is None:
+        return
+    find_rollout_func(name)
+    script = values if script is None else script
+    others = [
+        key
+        for key, on in (
+            ("async_generation", values.async_generation),
+            ("tools", getattr(script, "tools", None)),
+            ("environment", getattr(script, "environment", None)),
+        )
+        if on
+    ]
+    if others:
+        raise ConfigError(
+            f"rollout_func: {name!r} with {' and '.join(others)}: the rollout function "
+            f"generates each step on its own; drop {' and '.join(others)} (run tools inside "
+            "the function), or drop rollout_func"
+        )
 
 
 def check_adaptive_kl(values: Any, method: str) -> None:

@@ -37,7 +37,7 @@ from maxent_grpo.rundir.checkpoints import (
 )
 from maxent_grpo.rundir.events import emit
 from maxent_grpo.timers import timed
-from maxent_grpo.train import trl_adapter
+from maxent_grpo.train import rollout_func, trl_adapter
 from maxent_grpo.train.checkpoints import make_stop_callback
 from maxent_grpo.train.heartbeat import attach_heartbeat
 from maxent_grpo.train.reference_model import reference_model
@@ -147,6 +147,7 @@ def _rewards_and_tools(recipe) -> dict:
     reward_funcs = guard_rewards(resolved.reward_funcs, script_args.reward_timeout_seconds)
     # TRL's GRPOTrainer takes tools only when there are some (it checks the chat template).
     extra = {"reward_funcs": reward_funcs, **({"tools": resolved.tools} if resolved.tools else {})}
+    extra.update(rollout_func.trainer_arguments(recipe.training))  # the recipe's own, if any
     if resolved.environment is not None:  # a class: TRL makes one instance per rollout
         extra["environment_factory"] = resolved.environment
     return extra

@@ -22,7 +22,13 @@ from transformers import ProcessorMixin, TrainerCallback
 
 from maxent_grpo.rollout_filters import FilterSettings, Group, apply_filters, resolve_filters
 from maxent_grpo.train import trl_adapter
-from maxent_grpo.train.rollouts import StepTally, round_sizes, usable_groups
+from maxent_grpo.train.rollouts import (
+    StepTally,
+    choose_groups,
+    group_signal,
+    round_sizes,
+    usable_groups,
+)
 from maxent_grpo.train.state import state_registry
 
 logger = logging.getLogger(__name__)
@@ -177,6 +183,7 @@ class Rollouts:
         metrics = trl_adapter.metrics(trainer)
         marks = {name: len(metrics[name]) for name in _TRAINED_METRICS}
         pool, self.carried = self.carried, []
+        carried_here = len(pool)
         tally = StepTally(carried_in=int(self._sum_over_processes([len(pool)])[0]))
         last_output, kept_here, per_filter = self._rounds(call, inputs, need, pool, tally)
         usable = usable_groups(
@@ -184,12 +191,18 @@ class Rollouts:
         )
         needed_total = int(self._sum_over_processes([need])[0])
         self.skip = self._max_over_processes(-usable) >= 0  # some process has none
-        trained = [] if self.skip else pool[:usable]
+        signals = [group_signal(rewards) for _, rewards in pool]
+        picked, kept_over, dropped = choose_groups(
+            signals, carried_here, usable, need, trainer.args.oversample_keep, self.skip
+        )
+        trained = [pool[i] for i in picked]
         batch = last_output if self.skip else self._merge([tensors for tensors, _ in trained])
-        rest = pool[len(trained) :]
-        self.carried, dropped = rest[:need], rest[need:]
-        counts = self._sum_over_processes([len(trained), len(self.carried), len(dropped)])
-        tally.trained, tally.carried_out, tally.dropped = (int(c) for c in counts)
+        self.carried = [pool[i] for i in kept_over]
+        counts = self._sum_over_processes(
+            [len(trained), len(self.carried), len(dropped), sum(signals[i] for i in picked)]
+        )
+        tally.trained, tally.carried_out, tally.dropped = (int(c) for c in counts[:3])
+        tally.signal_trained = counts[3]
         tally.skipped = self.skip
         for name, value in tally.metrics(per_filter).items():
             metrics[name].append(value)

@@ -41,7 +41,8 @@ PRIVATE = {
     "GRPOTrainer._prepare_inputs": "step time: input preparation is not training",
     "GRPOTrainer._generate_and_score_completions": "rollout rounds, MaxEnt weights",
     "GRPOTrainer._generate": "step time and heartbeat around each generation",
-    "GRPOTrainer._generate_single_turn": "async: the step's first generation made ahead",
+    "GRPOTrainer._generate_single_turn": "async: the step's first generation made ahead; "
+    "rollout functions generate through it (train/rollout_func.py)",
     "GRPOTrainer._calculate_rewards": "step time; the gathered rewards for rounds, MaxEnt, replay",
     "GRPOTrainer._compute_loss": "adaptive beta, entropy bonus, MaxEnt's loss",
     "GRPOTrainer._get_per_token_logps_and_entropies": "the KL before the entropy bonus; replay",
@@ -50,7 +51,7 @@ PRIVATE = {
     "Trainer._load_optimizer_and_scheduler": "resume: CPU optimizer load, registered state",
     "Trainer._load_from_checkpoint": "a run killed after its last checkpoint (train/entry.py)",
     "GRPOTrainer._metrics": "our metrics in TRL's logged averages",
-    "GRPOTrainer._tokenize_prompts": "async: the next step's prompts as TRL tokenizes them",
+    "GRPOTrainer._tokenize_prompts": "async, rollout functions: prompts as TRL tokenizes them",
     "GRPOTrainer._last_loaded_step": "async: TRL's once-per-step weight push",
     "grpo_trainer.VLLMGeneration": "server mode: our backend (swapped during __init__)",
     "grpo_trainer.create_model_from_path": "reference_model_name_or_path (swapped in __init__)",
@@ -69,6 +70,11 @@ def metrics(trainer, mode: str = "train"):
 
 def tokenize_prompts(trainer, prompts):
     return trainer._tokenize_prompts(prompts)
+
+
+def generate_single_turn(trainer, prompt_ids, num_generations: int):
+    """TRL's generation of `prompt_ids` (through the hook: the components' chain applies)."""
+    return trainer._generate_single_turn(prompt_ids, None, {}, num_generations)
 
 
 def last_loaded_step(trainer) -> int:
