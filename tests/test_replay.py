@@ -237,13 +237,9 @@ def _step_metrics(output_dir: Path) -> dict[int, dict]:
 
 @pytest.mark.integration
 def test_replay_shows_in_events_and_a_resume_keeps_the_buffer(tmp_path, tiny_model):
-    _launch(tmp_path / "full", tiny_model)
-    expected = _step_metrics(tmp_path / "full" / "out")
-    # summed over the 2 processes: 2 groups each per step, one replayed from step 2 on
-    assert [expected[s]["replay/share"] for s in (1, 2, 3, 4)] == [0.0, 0.5, 0.5, 0.5]
-    assert all(expected[s]["replay/mean_age"] >= 1 for s in (2, 3, 4))
-    assert [expected[s]["replay/buffer"] for s in (1, 2, 3, 4)] == [4, 6, 8, 10]
-
+    """Stopped at step 2 and resumed: the events of steps 1-4 are those of a run that kept
+    its buffer (a resume without it replays nothing at step 3: share 0, buffer 2). The loss
+    and data of a resume against an uninterrupted run: test_state_registry.py, every piece."""
     part = tmp_path / "part" / "out"
     _launch(tmp_path / "part", tiny_model, stop_at=2)
     for process in (0, 1):  # each process's own buffer: step 1's 2 groups and step 2's 1
@@ -252,14 +248,11 @@ def test_replay_shows_in_events_and_a_resume_keeps_the_buffer(tmp_path, tiny_mod
     before = event_count(part)
     log = _launch(tmp_path / "part", tiny_model)
     assert_resumed_from(part, before, checkpoint=2, max_steps=4)
-    resumed = _step_metrics(part)
-    for step in (3, 4):
-        for key in ("replay/share", "replay/mean_age", "replay/buffer", "loss", "reward"):
-            assert resumed[step][key] == pytest.approx(expected[step][key], rel=1e-5), (
-                step,
-                key,
-                json.dumps({"expected": expected[step], "resumed": resumed[step]})[:2000],
-            )
+    steps = _step_metrics(part)  # steps 1-2 of the first attempt, 3-4 of the resumed one
+    # summed over the 2 processes: 2 groups each per step, one replayed from step 2 on
+    assert [steps[s]["replay/share"] for s in (1, 2, 3, 4)] == [0.0, 0.5, 0.5, 0.5], steps
+    assert all(steps[s]["replay/mean_age"] >= 1 for s in (2, 3, 4)), steps
+    assert [steps[s]["replay/buffer"] for s in (1, 2, 3, 4)] == [4, 6, 8, 10], steps
     assert "replay: resumed a buffer of 3 groups" in log
 
 
