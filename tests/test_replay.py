@@ -24,7 +24,8 @@ from helpers.runs import PYTHON, run
 from maxent_grpo.errors import ConfigError
 from maxent_grpo.recipe.keys import GRPOConfig
 from maxent_grpo.rundir.events import read_events
-from maxent_grpo.train.replay import Buffered, ReplayBuffer, draw, group_priority, merge_groups
+from maxent_grpo.train.group_batches import merge_groups
+from maxent_grpo.train.replay import Buffered, ReplayBuffer, draw, group_priority
 from maxent_grpo.train.state import STATE_FILE
 
 # 2 groups of 4 per process and step: one fresh, one replayed.

@@ -31,16 +31,12 @@ import random
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from transformers import ProcessorMixin
 
 from maxent_grpo.train import trl_adapter
+from maxent_grpo.train.group_batches import merge_groups, text_tokenizer
 from maxent_grpo.train.state import state_registry
 
 logger = logging.getLogger(__name__)
-
-_LEFT_PADDED = {"prompt_ids", "prompt_mask"}
-_PAD_ONE = {"tool_mask"}
 
 
 # ---- the decisions, without TRL -------------------------------------------------------------
@@ -129,28 +125,6 @@ class ReplayBuffer:
         ]
 
 
-def merge_groups(groups: list[dict], pad_token_id: int) -> dict:
-    """One batch from groups of different steps: each 2-D key padded to the widest (prompts on
-    the left, completions on the right; pad tokens, masks 0, tool masks 1)."""
-    batch = {}
-    for key in groups[0]:
-        parts = [g[key] for g in groups]
-        if parts[0].ndim == 2:
-            width = max(p.size(1) for p in parts)
-            fill = pad_token_id if key in ("prompt_ids", "completion_ids") else 0
-            fill = 1 if key in _PAD_ONE else fill
-            parts = [
-                F.pad(
-                    p,
-                    (width - p.size(1), 0) if key in _LEFT_PADDED else (0, width - p.size(1)),
-                    value=fill,
-                )
-                for p in parts
-            ]
-        batch[key] = torch.cat(parts)
-    return batch
-
-
 # ---- the component --------------------------------------------------------------------------
 
 
@@ -196,7 +170,7 @@ class Replay:
         parts = [g.tensors for g in fresh] + [
             {key: t.to(device) for key, t in g.tensors.items()} for g in replayed
         ]
-        batch = merge_groups(parts, _pad_token_id(trainer))
+        batch = merge_groups(parts, text_tokenizer(trainer).pad_token_id)
         mask = batch["completion_mask"]
         if "tool_mask" in batch:
             mask = mask * batch["tool_mask"]
@@ -297,11 +271,3 @@ def _rows(output: dict, n: int) -> dict:
             raise RuntimeError(f"replay: cannot keep the batch key {key!r} per group")
         rows[key] = value
     return rows
-
-
-def _pad_token_id(trainer) -> int:
-    """The text tokenizer's (a processor's, for a multimodal model)."""
-    processing = trainer.processing_class
-    if isinstance(processing, ProcessorMixin):
-        processing = processing.tokenizer
-    return processing.pad_token_id

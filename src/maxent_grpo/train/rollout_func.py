@@ -45,19 +45,16 @@ def generate(trainer, prompt_ids: list[list[int]], num_generations: int):
     return trl_adapter.generate_single_turn(trainer, prompt_ids, num_generations)
 
 
-def _tokenizer(trainer):
-    processing = trainer.processing_class
-    return getattr(processing, "tokenizer", processing)  # a processor's, for a multimodal model
-
-
 def self_check(prompts: list, trainer) -> dict:
     """A two-turn self-check: the model answers; a finished answer (ended with EOS, room left)
     gets CHECK_TEXT appended in place of its EOS and the model continues, checking it; the
     completion trained on is answer + check text + second turn, the check text out of the loss
     (`env_mask` 0) and its log-probabilities 0. `self_checked` (per row) reaches the rewards."""
+    from maxent_grpo.train.group_batches import text_tokenizer  # imports torch, transformers
+
     prompt_ids = tokenize(trainer, prompts)
     first, first_logps = generate(trainer, prompt_ids, completions_per_prompt(trainer))
-    check = _tokenizer(trainer).encode(CHECK_TEXT, add_special_tokens=False)
+    check = text_tokenizer(trainer).encode(CHECK_TEXT, add_special_tokens=False)
     limit, stops = trainer.max_completion_length, set(trainer.eos_token_ids)
     # Every row gets a second turn, used or not: each process makes the same generation calls.
     second, second_logps = generate(

@@ -17,11 +17,11 @@ import logging
 import random
 
 import torch
-import torch.nn.functional as F
-from transformers import ProcessorMixin, TrainerCallback
+from transformers import TrainerCallback
 
 from maxent_grpo.rollout_filters import FilterSettings, Group, apply_filters, resolve_filters
 from maxent_grpo.train import trl_adapter
+from maxent_grpo.train.group_batches import merge_groups, text_tokenizer
 from maxent_grpo.train.rollouts import (
     StepTally,
     choose_groups,
@@ -33,7 +33,6 @@ from maxent_grpo.train.state import state_registry
 
 logger = logging.getLogger(__name__)
 
-_LEFT_PADDED = {"prompt_ids", "prompt_mask"}
 # TRL's metrics of the whole generated batch, replaced by those of the trained groups.
 _TRAINED_METRICS = ("reward", "reward_std", "frac_reward_zero_std")
 
@@ -114,7 +113,7 @@ class Rollouts:
         rewards = (local * weights).nansum(dim=1)
         rewards[torch.isnan(local).all(dim=1)] = torch.nan
         rewards = rewards.tolist()
-        stops = {*trainer.eos_token_ids, _tokenizer(trainer).pad_token_id}
+        stops = {*trainer.eos_token_ids, text_tokenizer(trainer).pad_token_id}
         groups, views = [], []
         for g in range(n // k):
             rows_g = slice(g * k, (g + 1) * k)
@@ -259,26 +258,8 @@ class Rollouts:
 
     def _merge(self, groups: list[dict]) -> dict:
         """One batch from groups of different rounds: pad each key to the widest group."""
-        pad_token = _tokenizer(self.trainer).pad_token_id
-        batch = {}
-        for key in groups[0]:
-            parts = [g[key] for g in groups]
-            if parts[0].ndim == 2:
-                width = max(p.size(1) for p in parts)
-                value = (
-                    pad_token
-                    if key in ("prompt_ids", "completion_ids")
-                    else (1 if key == "tool_mask" else 0)
-                )
-                parts = [
-                    F.pad(
-                        p,
-                        (width - p.size(1), 0) if key in _LEFT_PADDED else (0, width - p.size(1)),
-                        value=value,
-                    )
-                    for p in parts
-                ]
-            batch[key] = torch.cat(parts)
+        pad_token = text_tokenizer(self.trainer).pad_token_id
+        batch = merge_groups(groups, pad_token)
         mask = batch["completion_mask"]
         if "tool_mask" in batch:
             mask = mask * batch["tool_mask"]
@@ -315,12 +296,6 @@ class Rollouts:
             len(self.carried),
             self._reserve_position,
         )
-
-
-def _tokenizer(trainer):
-    """The text tokenizer (a processor's, for a multimodal model)."""
-    processing = trainer.processing_class
-    return processing.tokenizer if isinstance(processing, ProcessorMixin) else processing
 
 
 def _group_tensors(output: dict, rows: slice, n: int) -> dict:
