@@ -21,6 +21,16 @@ import yaml
 
 from maxent_grpo.errors import EXIT_USER_ERROR, UserError
 from maxent_grpo.faults import failpoint
+from maxent_grpo.launch.attempt_phase import (
+    FINISHING,
+    FORCE,
+    NOTE,
+    RUNNING,
+    STOP_NOW,
+    STOPPING,
+    asks_about_nodes,
+    on_signal,
+)
 from maxent_grpo.launch.finish import Finish
 from maxent_grpo.launch.init_from import with_init
 from maxent_grpo.launch.launcher import Prepared, RunRequest, prepare
@@ -103,13 +113,8 @@ def log_path(logs_dir: Path, run_name: str, role: str, environ=os.environ) -> Pa
 
 
 class _Signals:
-    """Route SIGUSR1/SIGTERM/SIGINT to the attempt while it runs.
-
-    The first signal asks for a graceful stop (checkpoint at the next step boundary, then
-    requeue); a second SIGTERM or SIGINT stops everything at once. A repeated SIGUSR1 is a
-    no-op: Slurm may deliver its warning more than once. Once training has ended a signal is
-    only noted (`late_signal`): Slurm requeueing the job, or its time limit's warning.
-    """
+    """Route SIGUSR1/SIGTERM/SIGINT to the attempt while it runs: what each does in each of
+    the attempt's phases is launch/attempt_phase.py's table; here, its effects."""
 
     HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
@@ -123,27 +128,28 @@ class _Signals:
         return self
 
     def _handle(self, signum, _frame):
-        name = signal.Signals(signum).name
-        if self.attempt.finishing:  # training is over: nothing to checkpoint or stop
+        attempt, name = self.attempt, signal.Signals(signum).name
+        phase = attempt.phase
+        failed = asks_about_nodes(phase, signum) and attempt.node_failed()
+        action, _ = on_signal(phase, signum, failed)
+        if action == NOTE:  # training is over: nothing to checkpoint or stop
             print(f"{name} received after training ended", flush=True)
-            self.attempt.late_signal = signum
-            return
-        if self.attempt.stop_reason is not None and signum != signal.SIGUSR1:
+            attempt.late_signal = signum
+        elif action == FORCE:
             print(f"{name} again: stopping everything now", flush=True)
-            self.attempt.forced = name
-            if self.attempt.trainer is not None:
-                self.attempt.trainer.mute()  # the log keeps the killed processes' tracebacks
-            self.attempt.abort()
-            return
-        if signum == signal.SIGTERM and self.attempt.node_failed():
+            attempt.forced = name
+            if attempt.trainer is not None:
+                attempt.trainer.mute()  # the log keeps the killed processes' tracebacks
+            attempt.abort()
+        elif action == STOP_NOW:
             # Slurm ends the job for a failed node and SIGKILLs what is left after KillWait;
             # the ranks cannot checkpoint without their peer: stop them now, record the outcome.
             print(f"{name} received: a node of the job failed; stopping training now", flush=True)
-            self.attempt.request_stop(f"{name} received", signum)
-            self.attempt.abort(grace=1)
-            return
-        print(f"{name} received: checkpointing at the next step boundary", flush=True)
-        self.attempt.request_stop(f"{name} received", signum)
+            attempt.request_stop(f"{name} received", signum)
+            attempt.abort(grace=1)
+        else:
+            print(f"{name} received: checkpointing at the next step boundary", flush=True)
+            attempt.request_stop(f"{name} received", signum)
 
     def __exit__(self, *exc):
         for signum, handler in self._previous.items():
@@ -175,6 +181,14 @@ class Attempt(Finish):
         self.trainer: Child | None = None
         self.server = None
         self.reward_server = None  # reward_model_gpus: launch/reward_server.py
+
+    @property
+    def phase(self) -> str:
+        """launch/attempt_phase.py's phase: finishing once training is over, stopping once a
+        stop was asked, running before."""
+        if self.finishing:
+            return FINISHING
+        return STOPPING if self.stop_reason is not None else RUNNING
 
     def request_stop(self, reason: str, signum: int | None = None) -> None:
         """Graceful stop: the trainers save a complete checkpoint and exit."""
