@@ -31,7 +31,7 @@ from maxent_grpo.launch.attempt_phase import (
     asks_about_nodes,
     on_signal,
 )
-from maxent_grpo.launch.finish import Finish
+from maxent_grpo.launch.finish import Ending
 from maxent_grpo.launch.init_from import with_init
 from maxent_grpo.launch.launcher import Prepared, RunRequest, prepare
 from maxent_grpo.launch.outcomes import (
@@ -156,7 +156,7 @@ class _Signals:
             signal.signal(signum, handler)
 
 
-class Attempt(Finish):
+class Attempt:
     """One attempt of a training run in this allocation: run() returns the exit code.
 
     requeue_on_stop: after a graceful stop under Slurm, `scontrol requeue` this job (or
@@ -169,7 +169,7 @@ class Attempt(Finish):
         self.request = request
         self.environ = environ
         self.requeue_on_stop = requeue_on_stop
-        self.requeued = False  # the job runs again: Slurm requeued it, or accepted our requeue
+        self.ending: Ending | None = None  # launch/finish.py's, once output_dir is known
         self.job = slurm_job(environ)
         self.stop_reason: str | None = None
         self.stop_signal: int | None = None
@@ -181,6 +181,11 @@ class Attempt(Finish):
         self.trainer: Child | None = None
         self.server = None
         self.reward_server = None  # reward_model_gpus: launch/reward_server.py
+
+    @property
+    def requeued(self) -> bool:
+        """The job runs again: Slurm requeued it, or accepted our requeue."""
+        return self.ending is not None and self.ending.requeued
 
     @property
     def phase(self) -> str:
@@ -265,6 +270,9 @@ class Attempt(Finish):
         prepared = self._prepare(marker)
         recipe, plan = prepared.keys, prepared.plan
         self.output_dir = Path(recipe.output_dir)
+        self.ending = Ending(
+            self.job, self.output_dir, self.requeue_on_stop, lambda: self.late_signal
+        )
         self._check_resume(recipe, recorded)
         if run_is_complete(self.output_dir):
             print(f"{self.output_dir} already holds a completed run; nothing to do.")
@@ -295,22 +303,30 @@ class Attempt(Finish):
             if isinstance(exc, ServerError) and exc.outcome != "user_error":
                 killed = exc  # a server killed while starting: retried, not the recipe's fault
             else:
-                self._emit_outcome("user_error", str(exc), EXIT_USER_ERROR)
+                self.ending.emit_outcome("user_error", str(exc), EXIT_USER_ERROR)
                 raise
         finally:
             self._end_processes(watched, train_log)
         if killed is not None:
             print(f"error: {killed}", file=sys.stderr, flush=True)
             outcome = crash_outcome(str(killed), previous, killed.outcome)
-            return self._finish(outcome, recipe.max_requeues, marker)
+            return self._end(outcome, recipe.max_requeues, marker)
         elapsed = time.monotonic() - started
         if self.forced:  # the exit code is the kill's, not a failure of training
             print(f"training stopped by the second {self.forced} after {elapsed:.1f}s")
         else:
             print(f"training exited with code {watched.code} after {elapsed:.1f}s")
         print(f"log: {train_log}")
-        outcome = self._classify(watched, previous, train_log)
-        return self._finish(outcome, recipe.max_requeues, marker)
+        outcome, self.stop_reason = self.ending.classify(
+            watched, previous, train_log, self.stop_reason, self.stop_signal
+        )
+        return self._end(outcome, recipe.max_requeues, marker)
+
+    def _end(self, outcome, max_requeues: int, marker: Path | None) -> int:
+        """From here a signal is only noted (the finishing phase): the outcome is recorded,
+        and the job requeued or the failure remembered (launch/finish.py)."""
+        self.finishing = True
+        return self.ending.finish(outcome, max_requeues, marker, self.stop_reason)
 
     def _recorded_settings(self) -> RunSettings | None:
         """The settings this run started with; their overrides go under this request's."""
