@@ -263,8 +263,15 @@ def expected_outcomes(trial: Trial) -> tuple[str | None, ...]:
         return ("completed",)
     if sig == "sigterm" and target in ("trainer", "launcher") and trial.step == MAX_STEPS:
         return ("completed",)  # the stop's step boundary is the last step: the run is done
-    if trial.moment == "teardown":
+    if trial.moment in AFTER_TRAINING:  # the launcher: a stop after training has nothing to stop
         return {"sigkill": (None,), "sigterm": ("completed",), "sigstop": ("completed",)}[sig]
+    if (sig, target, trial.moment, trial.step) == (
+        "sigstop",
+        "reward_server",
+        "optimizer_step",
+        MAX_STEPS,
+    ):
+        return ("completed",)  # after the last scoring: nothing waits for the stopped server
     return EXPECTED[target][sig]
 
 
