@@ -259,9 +259,7 @@ AFTER_TRAINING = ("evaluation", "teardown")
 
 def expected_outcomes(trial: Trial) -> tuple[str | None, ...]:
     sig, _, target = trial.fault.partition("_")
-    if trial.fault in ("disk_full", "out_of_inodes"):
-        return ("completed",) if trial.moment in AFTER_TRAINING else ("crash",)
-    if sig not in SIGNALS:  # a checkpoint damaged by a node that died mid-write
+    if sig not in SIGNALS:  # a full disk, or a checkpoint damaged by a node that died
         return ("completed",) if trial.moment in AFTER_TRAINING else ("crash",)
     if trial.moment in AFTER_TRAINING and target != "launcher":
         return ("completed",)
@@ -271,12 +269,8 @@ def expected_outcomes(trial: Trial) -> tuple[str | None, ...]:
         return ("crash",)  # before vLLM's handlers, or with no request to wait for: it exits
     if trial.moment in AFTER_TRAINING:  # the launcher: a stop after training has nothing to stop
         return {"sigkill": (None,), "sigterm": ("completed",), "sigstop": ("completed",)}[sig]
-    if (sig, target, trial.moment, trial.step) == (
-        "sigstop",
-        "reward_server",
-        "optimizer_step",
-        MAX_STEPS,
-    ):
+    last = ("sigstop", "reward_server", "optimizer_step", MAX_STEPS)
+    if (sig, target, trial.moment, trial.step) == last:
         return ("completed",)  # after the last scoring: nothing waits for the stopped server
     return EXPECTED[target][sig]
 
