@@ -259,7 +259,7 @@ def markdown(rows: list[dict]) -> str:
         equal = {True: "yes", False: "NO", None: "not compared"}[r["weights_equal"]]
         verdict = "held" if not r["problems"] else "FAILED: " + "; ".join(r["problems"])
         if r.get("fixed"):
-            verdict += f" (replayed after the fix; first: {r.get('first_outcome')})"
+            verdict += f" (replayed after a fix; first outcome {r.get('first_outcome')})"
         cells = (r["seed"], r["kind"].removesuffix("-none"), moment, r["fault"])
         cells += (r["outcome"] or "none", r["steps_redone"], r["first_step_s"], equal, verdict)
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")

@@ -51,7 +51,7 @@ def test_a_seed_replayed_after_its_fix_counts_once_with_what_it_found(tmp_path):
     assert (total["wall_s"], total["rows_without_wall_s"]) == (10.0, 1)
     table = chaos.markdown(rows).splitlines()
     assert len(table) == 4 and all(line.count("|") == 10 for line in table)
-    assert "held (replayed after the fix; first: user_error)" in "\n".join(table)
+    assert "held (replayed after a fix; first outcome user_error)" in "\n".join(table)
     failing = chaos.markdown([row(9, ["steps lost: [3]"])])
     assert failing.splitlines()[-1].endswith("| FAILED: steps lost: [3] |")
 
