@@ -318,14 +318,16 @@ def test_a_server_stopped_while_it_starts_is_a_hang_not_a_user_error(tmp_path):
         if stop:
             os.kill(server.pid, signal.SIGSTOP)
         trainer = Child("train", ["sleep", "610"], tmp_path / "train.log")
-        with pytest.raises(ServerError) as info:
-            watch_training(trainer, (server,), None, poll=0.1)
+        try:
+            with pytest.raises(ServerError) as info:
+                watch_training(trainer, (server,), None, poll=0.1)
+        finally:  # a failed check leaves no stopped process behind
+            server.stop(grace=1)
         assert info.value.outcome == outcome, str(info.value)
         stopped = f"its process (pid {server.pid}) is stopped (SIGSTOP?), a hang: see" in str(
             info.value
         )
         assert stopped == stop and ("a big model may need" in str(info.value)) != stop
-        server.stop(grace=1)
         assert not live_processes(marker="sleep 609") and not live_processes(marker="sleep 610")
 
 
