@@ -26,6 +26,8 @@ from helpers.chaos_checks import (
     intact_steps,
     printed_outcome,
     redone_steps,
+    resumed_from,
+    same_weights,
 )
 from helpers.launched import Launched, tree
 from helpers.procs import live_processes, wait_until_gone
@@ -348,13 +350,6 @@ def signal_fault(trial: Trial, watch: Watch) -> tuple[list[int], set[int]]:
 # --- one trial ----------------------------------------------------------------------------
 
 
-def same_weights(out: Path, reference: Path) -> bool:
-    from safetensors.torch import load_file
-
-    mine, theirs = load_file(str(out / "model.safetensors")), load_file(str(reference))
-    return mine.keys() == theirs.keys() and all(mine[k].equal(theirs[k]) for k in mine)
-
-
 def kill_left(pgids: set[int], marker: str, hits: Path | None = None) -> list[str]:
     """What of the run is still there after its end (orphans), then killed. A process the
     failpoint still holds is continued first: the campaign's stop, not the product's."""
@@ -396,23 +391,26 @@ def inject(trial: Trial, run: Launched, watch: Watch, out: Path, disk: Disk | No
 
 def recover(recipe: Path, folder: Path, out: Path, watch_pgids: set[int]) -> dict:
     """The same command again, as a user would, until the run completes (3 tries)."""
-    resumable, first_step_s, left, texts = [], None, [], []
+    resumable, first_step_s, left, texts, resumed = [], None, [], [], []
     for _ in range(3):
         if run_is_complete(out):
             break
         steps = intact_steps(out)
         resumable.append(steps[-1] if steps else None)
-        began = time.time()
+        began, logs = time.time(), set(folder.glob("logs/*_train.log"))
         run = Launched(folder, recipe)
         watch = Watch(run)
         wait_end(run, watch, folder / "no-hits", set(), ATTEMPT_TIMEOUT)
         texts.append(run.text)
+        resumed.append(resumed_from(folder, logs))
         left += kill_left(watch.pgids | watch_pgids, str(folder))
         if first_step_s is None:
             runs = attempts(out)
             steps = [e for e in runs[-1] if e["event"] == "step"] if runs else []
             first_step_s = round(steps[0]["time"] - began, 1) if steps else None
-    return dict(resumable=resumable, first_step_s=first_step_s, left=left, texts=texts)
+    return dict(
+        resumable=resumable, first_step_s=first_step_s, left=left, texts=texts, resumed=resumed
+    )
 
 
 def run_trial(trial: Trial, folder: Path, reference: Path | None = None, tamper=None) -> dict:
@@ -452,6 +450,7 @@ def run_trial(trial: Trial, folder: Path, reference: Path | None = None, tamper=
             files_before={k: v for k, v in files_before.items() if k.split("/")[0] not in skip},
             files_after=complete_files(out),
             resumable=recovered["resumable"],
+            resumed_logs=recovered["resumed"],
             expected_outcomes=expected_outcomes(trial),
             left_processes=left + recovered["left"],
             disk_path=str(disk.path) if disk is not None else None,
