@@ -17,6 +17,7 @@ prints `replay: python bench/chaos.py --replay SEED`.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import sys
@@ -135,7 +136,9 @@ def summary(rows: list[dict]) -> dict:
         "faults": dict(Counter(r["fault"] for r in rows if r["applied"])),
         "failed_seeds": [r["seed"] for r in failed],
         "found_and_fixed": {r["seed"]: r["fixed"] for r in rows if r.get("fixed")},
-        "wall_s": round(sum(r["wall_s"] for r in rows), 1),
+        # Rows rebuilt from the docs' table (bench/chaos_rows.jsonl) have no wall time.
+        "wall_s": round(sum(r["wall_s"] or 0 for r in rows), 1),
+        "rows_without_wall_s": sum(r["wall_s"] is None for r in rows),
     }
 
 
@@ -204,6 +207,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--merge", type=Path, nargs="+", help="campaigns run in pieces: their rows.jsonl files"
     )
+    parser.add_argument("--markdown", type=Path, help="also write the docs' table there")
     args = parser.parse_args(argv)
     if args.merge:
         return report(merged(args.merge), args, load_before=None, started=None)
@@ -218,6 +222,9 @@ def main(argv=None) -> int:
             print(trial.seed, trial.kind.name, trial.moment, trial.step, trial.fault)
         return 0
     tiny_model()
+    # vLLM's CPU build pins its worker to core 0 by default, whoever else runs there: the
+    # trainers and other trials share the cores (tests/vllm_server/, tests/slurm/ do this too).
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     root = args.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
     root.mkdir(parents=True, exist_ok=True)
     load_before, started = loadavg(), time.monotonic()
@@ -237,8 +244,26 @@ def merged(paths: list[Path]) -> list[dict]:
                 earlier = rows.get(row["seed"], {})
                 if earlier.get("problems") and not row["problems"]:
                     row["fixed"] = earlier["problems"]  # what it found before the fix
+                    row["first_outcome"] = earlier["outcome"]
                 rows[row["seed"]] = row
     return list(rows.values())
+
+
+def markdown(rows: list[dict]) -> str:
+    """The docs' table (docs/reliability.md): one line per trial, by moment then fault."""
+    head = "| seed | run | moment | fault | outcome | steps redone | first step s | weights equal "
+    lines = [head + "| invariants |", "| --- " * 9 + "|"]
+    order = sorted(rows, key=lambda r: (MOMENTS.index(r["moment"]), r["fault"], r["kind"]))
+    for r in order:
+        moment = f"{r['moment']}:{r['step']}" if r["step"] else r["moment"]
+        equal = {True: "yes", False: "NO", None: "not compared"}[r["weights_equal"]]
+        verdict = "held" if not r["problems"] else "FAILED: " + "; ".join(r["problems"])
+        if r.get("fixed"):
+            verdict += f" (replayed after a fix; first outcome {r.get('first_outcome')})"
+        cells = (r["seed"], r["kind"].removesuffix("-none"), moment, r["fault"])
+        cells += (r["outcome"] or "none", r["steps_redone"], r["first_step_s"], equal, verdict)
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def report(rows: list[dict], args, load_before, started) -> int:
@@ -255,6 +280,8 @@ def report(rows: list[dict], args, load_before, started) -> int:
     payload.update(load_average={"before": load_before, "after": loadavg()}, machine=machine())
     payload["wall_s"] = round(time.monotonic() - started, 1) if started else None
     write_result("chaos", payload, args.output)
+    if args.markdown:
+        args.markdown.write_text(markdown(rows) + "\n")
     return 1 if total["failed_seeds"] else 0
 
 

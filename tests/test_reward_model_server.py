@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import sys
 
 import pytest
@@ -185,11 +187,23 @@ def test_a_server_that_exits_or_never_answers_stops_the_start_in_one_line(tmp_pa
     assert info.value.outcome == "reward_server_lost"  # retried as a loss mid-run is
     slow = RewardModelServer(_plan("import time; time.sleep(60)", 0.5), tmp_path / "b.log", {})
     try:
-        with pytest.raises(ServerError, match=r"not healthy after 0.5s \(vllm_server_timeout\)"):
+        with pytest.raises(
+            ServerError, match=r"not healthy after 0.5s \(vllm_server_timeout\)"
+        ) as info:
             slow.start().wait_until_healthy()
     finally:
         slow.stop(grace=1)
     assert slow.child.poll() is not None
+    assert info.value.outcome == "user_error"  # a slow start: the hint says what to change
+    # Stopped (SIGSTOP) while it starts: a hang, retried (bench/chaos.py found it permanent).
+    stopped = RewardModelServer(_plan("import time; time.sleep(60)", 0.5), tmp_path / "s.log", {})
+    try:
+        os.kill(stopped.start().child.pid, signal.SIGSTOP)
+        with pytest.raises(ServerError, match=r"is stopped \(SIGSTOP\?\), a hang") as info:
+            stopped.wait_until_healthy()
+    finally:
+        stopped.stop(grace=1)
+    assert info.value.outcome == "hang" and stopped.child.poll() is not None
 
 
 def test_a_server_that_cannot_load_its_model_stops_the_run_before_any_trainer(tmp_path, tiny_model):

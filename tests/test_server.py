@@ -7,6 +7,8 @@ one that accepts connections but never answers, one that sleeps; /health and /he
 from __future__ import annotations
 
 import inspect
+import os
+import signal
 import sys
 import textwrap
 import threading
@@ -305,6 +307,28 @@ def test_a_server_killed_during_start_up_is_a_crash_not_a_user_error(tmp_path):
     assert info.value.outcome == "crash"
     assert trainer.poll() is not None
     server.stop()
+
+
+def test_a_server_stopped_while_it_starts_is_a_hang_not_a_user_error(tmp_path):
+    """A SIGSTOPped server never answers: not a slow start the recipe must fix but a hang,
+    retried (found by bench/chaos.py, seed 1183364968: it was a permanent user_error). A
+    server that merely does not answer in time stays a user error (the timeout's hint)."""
+    for stop, outcome in ((True, "hang"), (False, "user_error")):
+        server = starting_server(tmp_path, ["sleep", "609"], free_port(), timeout=2)
+        if stop:
+            os.kill(server.pid, signal.SIGSTOP)
+        trainer = Child("train", ["sleep", "610"], tmp_path / "train.log")
+        try:
+            with pytest.raises(ServerError) as info:
+                watch_training(trainer, (server,), None, poll=0.1)
+        finally:  # a failed check leaves no stopped process behind
+            server.stop(grace=1)
+        assert info.value.outcome == outcome, str(info.value)
+        stopped = f"its process (pid {server.pid}) is stopped (SIGSTOP?), a hang: see" in str(
+            info.value
+        )
+        assert stopped == stop and ("a big model may need" in str(info.value)) != stop
+        assert not live_processes(marker="sleep 609") and not live_processes(marker="sleep 610")
 
 
 def test_server_not_healthy_in_time_stops_the_trainers(tmp_path):

@@ -80,6 +80,14 @@ def how_it_ended(code: int) -> str:
     return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
+def stopped_note(child) -> str:
+    """Why a server never answered when that is a hang, not a slow start: its process is
+    stopped (SIGSTOP). '' otherwise, and for child None (a server started elsewhere)."""
+    if child is None or not getattr(child, "stopped", lambda: False)():
+        return ""
+    return f"its process (pid {child.pid}) is stopped (SIGSTOP?), a hang:"
+
+
 def exit_message(child, code: int, when: str) -> str:
     """One line saying what happened, then the last lines of the server's log."""
     how = how_it_ended(code)
@@ -128,10 +136,12 @@ class HealthWait:
             where = "check that a vLLM server runs there"
             if self.child is not None:
                 where = f"see the last lines of {self.child.log_path}:" + indented_tail(self.child)
+            stopped = stopped_note(self.child)
+            why = stopped or "a big model may need a larger vllm_server_timeout, otherwise"
             raise ServerError(
                 f"vLLM server not healthy after {self.timeout:g}s (vllm_server_timeout) at "
-                f"{self.url} ({answer}); a big model may need a larger vllm_server_timeout, "
-                f"otherwise {where}"
+                f"{self.url} ({answer}); {why} {where}",
+                "hang" if stopped else "user_error",
             )
         return None
 

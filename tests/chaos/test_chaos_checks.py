@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,8 +126,9 @@ def mark_the_partial(out: Path) -> None:
 
 def orphan_a_server(out: Path) -> None:
     """A process of the run's (its output_dir on its command line) that nothing stops."""
+    # One process whose command line keeps the folder (bash -c would exec sleep, losing it).
     subprocess.Popen(
-        ["bash", "-c", "sleep 600", f"server-of-{out}"],
+        [sys.executable, "-c", "import time; time.sleep(600)", f"server-of-{out}"],
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -136,7 +138,8 @@ def orphan_a_server(out: Path) -> None:
 BROKEN = [
     # steps 1-3 logged, checkpoint-2 renumbered 3: step 3 is never trained into the state
     ("scoring", 4, "sigkill_trainer", skip_a_step, "trainer_state.json logs steps [1, 2, 4"),
-    ("checkpoint_write", 4, "sigkill_trainer", mark_the_partial, "past the newest complete"),
+    # the resume from it may then fail before a step: its "Resuming from" line is the proof
+    ("checkpoint_write", 4, "sigkill_trainer", mark_the_partial, "resumed from"),
     ("optimizer_step", 3, "sigkill_trainer", orphan_a_server, "orphans"),
 ]
 

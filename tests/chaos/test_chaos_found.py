@@ -3,7 +3,7 @@ here). Each test fails with the code before its fix; the seed that found it is n
 
 from __future__ import annotations
 
-from maxent_grpo.launch.outcomes import classify
+from maxent_grpo.launch.outcomes import classify, filesystem_full, full_disk
 from maxent_grpo.launch.watch import Watched
 from maxent_grpo.rundir.checkpoints import mark_checkpoint_complete
 from maxent_grpo.rundir.events import emit, events_path, read_events
@@ -52,6 +52,50 @@ def test_a_full_disk_is_one_line_naming_the_path_and_the_resume_point(tmp_path):
         f"its quota; make room and run the same command again: it resumes from "
         f"{out / 'checkpoint-4'}"
     )
+
+
+TORCH_FULL = """[rank0]: RuntimeError: basic_ios::clear: iostream error
+[rank0]: RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0
+"""
+
+
+def test_a_full_disk_is_named_when_torch_does_not_say_so(tmp_path):
+    """Seed 1775321084: two ranks' torch.save on a full disk said only 'unexpected pos 64 vs
+    0'; the filesystem is full when the crash is classified, and that is what the line says."""
+    out, log = tmp_path / "out", tmp_path / "train.log"
+    out.mkdir()
+    log.write_text(TORCH_FULL)
+    plain = classify(out, Watched(1), None, None, log)
+    assert (
+        plain.reason
+        == "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0"
+    )
+    assert not filesystem_full(out)  # this test's own filesystem has room
+    found = full_disk(plain, out, is_full=lambda path: path == out)
+    assert found.kind == "crash" and found.reason == (
+        f"{plain.reason} (No space left on device: the filesystem is full after the crash): the "
+        f"filesystem of {out} is full or over its quota; make room and run the same command "
+        "again: it starts again (no checkpoint)"
+    )
+    assert full_disk(plain, out, is_full=lambda path: False) == plain
+
+
+def test_output_dir_not_writable_for_lack_of_space_is_a_crash_not_a_user_error(tmp_path):
+    """Seed 1476428528: the disk filled while the reward server started; the trainers' check
+    of output_dir said 'not writable (No space left on device); choose another directory', a
+    permanent user_error: the same command never ran again, though it works once there is
+    room."""
+    out, log = tmp_path / "out", tmp_path / "train.log"
+    check = f"output_dir: '{out}' is not writable (No space left on device)"
+    log.write_text(f"error: recipe.yaml: {check}; choose another directory\n")
+    found = classify(out, Watched(1), None, None, log)
+    assert (found.kind, found.code, found.permanent) == ("crash", 1, False)
+    assert found.reason == (
+        f"recipe.yaml: {check}: the filesystem of {out} is full or over its quota; make room "
+        "and run the same command again: it starts again (no checkpoint)"
+    )
+    log.write_text(f"error: recipe.yaml: output_dir: '{out}' is not writable (Permission denied)\n")
+    assert classify(out, Watched(1), None, None, log).kind == "user_error"  # the recipe's to fix
 
 
 def test_an_event_after_a_torn_line_is_not_lost(tmp_path):

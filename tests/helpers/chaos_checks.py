@@ -84,6 +84,23 @@ def intact_steps(out: Path) -> list[int]:
     return steps
 
 
+RESUMED = re.compile(r"Resuming from (\S+)")  # the trainers' line (train/entry.py)
+
+
+def resumed_from(folder: Path, before: set[Path]) -> str:
+    """The checkpoint an attempt's train logs (those not in `before`) say it resumed from,
+    '' for none: seen also when the attempt then failed before its first step."""
+    new = set(folder.glob("logs/*_train.log")) - before
+    return next(iter(RESUMED.findall("".join(p.read_text(errors="replace") for p in new))), "")
+
+
+def same_weights(out: Path, reference: Path) -> bool:
+    from safetensors.torch import load_file
+
+    mine, theirs = load_file(str(out / "model.safetensors")), load_file(str(reference))
+    return mine.keys() == theirs.keys() and all(mine[k].equal(theirs[k]) for k in mine)
+
+
 def attempts(out: Path) -> list[list[dict]]:
     """The run's events, one list per attempt (each starts at an attempt_start event)."""
     split: list[list[dict]] = []

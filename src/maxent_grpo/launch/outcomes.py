@@ -21,9 +21,11 @@ Requeues and array retries are spent only on transient classes.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR
 from maxent_grpo.rundir.checkpoints import list_checkpoints, run_is_complete
@@ -272,16 +274,41 @@ def _rank_killed(tail: str) -> str | None:
     return None
 
 
-def full_disk(found: Outcome, output_dir) -> Outcome:
+def full_disk(found: Outcome, output_dir, is_full=None) -> Outcome:
     """A crash on a full filesystem (or quota) says so in its one line, naming output_dir and
     the checkpoint the same command resumes from (found by bench/chaos.py: the line was
-    'OSError: [Errno 28] No space left on device', no path)."""
-    if found.kind != "crash" or not _FULL.search(found.reason):
+    'OSError: [Errno 28] No space left on device', no path). Also when the error does not say
+    it (torch's checkpoint writer: 'unexpected pos 64 vs 0') but the filesystem is full now
+    (`is_full(output_dir)`), and when the trainers' start-up check found output_dir not
+    writable for lack of space: a full disk is no recipe error, the same command works once
+    there is room (a user_error there was permanent)."""
+    said = found.kind in ("crash", "user_error") and _FULL.search(found.reason)
+    if not said and (found.kind != "crash" or not (is_full or filesystem_full)(output_dir)):
         return found
+    reason = found.reason.removesuffix(_OTHER_DIRECTORY)
+    if not said:
+        reason += " (No space left on device: the filesystem is full after the crash)"
     complete = [c.path for c in list_checkpoints(output_dir) if c.complete]
     resume = f"it resumes from {complete[-1]}" if complete else "it starts again (no checkpoint)"
     reason = (
-        f"{found.reason}: the filesystem of {output_dir} is full or over its quota; make room "
+        f"{reason}: the filesystem of {output_dir} is full or over its quota; make room "
         f"and run the same command again: {resume}"
     )
-    return dataclasses.replace(found, reason=reason)
+    return dataclasses.replace(found, kind="crash", reason=reason, code=EXIT_FAILED)
+
+
+# The output_dir check's advice (recipe/checks.py): wrong for a full disk, the directory is
+# right and the same command works once there is room.
+_OTHER_DIRECTORY = "; choose another directory"
+
+
+def filesystem_full(path) -> bool:
+    """Whether the filesystem holding `path` (or its nearest existing parent) has no block or
+    no inode left for an unprivileged writer."""
+    path = Path(path).absolute()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    try:
+        stats = os.statvfs(existing) if existing is not None else None
+    except OSError:
+        return False
+    return stats is not None and (stats.f_bavail == 0 or (stats.f_files and not stats.f_favail))

@@ -127,6 +127,10 @@ class Child:
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def stopped(self) -> bool:
+        """Whether the leader is stopped (SIGSTOP, a debugger): alive, yet it cannot answer."""
+        return self.proc.poll() is None and process_state(self.proc.pid) in ("T", "t")
+
     def wait_up_to(self, seconds: float) -> int | None:
         """The exit code once the child exits, or None after `seconds` (a poll that returns as
         soon as it exits: a stopped attempt's requeue waits on it)."""

@@ -31,6 +31,7 @@ from maxent_grpo.vllm_health import (
     how_it_ended,
     indented_tail,
     probe,
+    stopped_note,
 )
 
 POLL_SECONDS = 0.5
@@ -82,11 +83,13 @@ class RewardModelServer:
                 print(f"reward model server healthy after {took:.1f}s at {plan.url}", flush=True)
                 return took
             if clock() - start > plan.timeout:
+                stopped = stopped_note(self.child)
+                why = stopped or "a big model may need a larger vllm_server_timeout, otherwise"
                 raise ServerError(
                     f"reward model server not healthy after {plan.timeout:g}s "
-                    f"(vllm_server_timeout) at {plan.health_url}; a big model may need a "
-                    f"larger vllm_server_timeout, otherwise see {self.log_path}:"
-                    + indented_tail(self.child)
+                    f"(vllm_server_timeout) at {plan.health_url}; {why} see {self.log_path}:"
+                    + indented_tail(self.child),
+                    "hang" if stopped else "user_error",
                 )
             time.sleep(POLL_SECONDS)
 
