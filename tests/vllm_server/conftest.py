@@ -75,3 +75,11 @@ def disk_server(tmp_path_factory, tiny_model):
 def lora_server(tmp_path_factory, tiny_model):
     """A CPU vLLM server with runtime LoRA loading (rank 8), shared likewise."""
     yield from start_shared(tmp_path_factory.mktemp("lora-server"), tiny_model, "lora")
+
+
+@pytest.fixture(scope="session")
+def rollout_func_server(tmp_path_factory, tiny_model):
+    """The disk server's twin for the rollout function's test (shared_servers.py says why)."""
+    yield from start_shared(
+        tmp_path_factory.mktemp("rollout-func-server"), tiny_model, "rollout_func"
+    )

@@ -29,6 +29,10 @@ from maxent_grpo.recipe import read_recipe
 SHARED_KEYS = {
     # Disk weight sync; 1024 tokens so that the tool test's prompts (tool schemas) fit.
     "disk": dict(vllm_weight_sync="disk", vllm_max_model_length=1024),
+    # The disk server's keys, a server of its own for test_vllm_rollout_func.py: its requests
+    # would move the shared disk server's sampling stream, on which test_vllm_rollouts.py's
+    # "some step needs a second round" rests (seen: no step did, in CI, once it shared).
+    "rollout_func": dict(vllm_weight_sync="disk", vllm_max_model_length=1024),
     # Runtime LoRA loading, rank 8 (`vllm_weight_sync: lora`).
     "lora": dict(
         vllm_weight_sync="lora", use_peft=True, lora_r=8, lora_target_modules="all-linear"

@@ -1,7 +1,7 @@
 """A recipe's own rollout function (docs/rollouts.md) generating on a real vLLM server (CPU
 build): the shipped two-turn self-check (maxent_grpo.train.rollout_func:self_check) through
-`generate`, the launcher's 2 CPU trainers of the GRPO vLLM smoke recipe against the session's
-shared disk-sync server, 4 short steps.
+`generate`, the launcher's 2 CPU trainers of the GRPO vLLM smoke recipe against a disk-sync
+server of its own (shared_servers.py says why), 4 short steps.
 
 Server sampling is not seeded and the untrained tiny model seldom ends an answer (EOS) early,
 so how many answers get their second turn varies (printed, and counted by a weight-0 reward:
@@ -26,12 +26,14 @@ from maxent_grpo.rundir.events import read_events
 pytestmark = pytest.mark.vllm
 
 
-def test_a_rollout_func_generates_through_the_server_in_sync(tmp_path, tiny_model, disk_server):
+def test_a_rollout_func_generates_through_the_server_in_sync(
+    tmp_path, tiny_model, rollout_func_server
+):
     out = tmp_path / "out"
     recipe = write_recipe(
         tmp_path,
         base=SMOKE_VLLM,
-        **SHARED_KEYS["disk"],
+        **SHARED_KEYS["rollout_func"],
         model_name_or_path=str(tiny_model),
         rollout_func="maxent_grpo.train.rollout_func:self_check",
         reward_funcs=["length", "tests.helpers.rollout_funcs:was_checked"],
@@ -42,7 +44,7 @@ def test_a_rollout_func_generates_through_the_server_in_sync(tmp_path, tiny_mode
         max_steps=4,
         save_steps=1000,
     )
-    plan, env = plan_on(disk_server, recipe)
+    plan, env = plan_on(rollout_func_server, recipe)
     started = time.monotonic()
     result = run(list(plan.train.command), timeout=900, **env)
     took = time.monotonic() - started
@@ -58,7 +60,7 @@ def test_a_rollout_func_generates_through_the_server_in_sync(tmp_path, tiny_mode
     key = "sampling/sampling_logp_difference/max"
     differences = [m[key] for m in steps.values()]
     print(
-        f"\nMEASURED rollout_func on the shared vLLM CPU server, 4 steps: {took:.0f}s; "
+        f"\nMEASURED rollout_func on its own vLLM CPU server, 4 steps: {took:.0f}s; "
         f"share self-checked per step {checked}; logp difference max {differences}"
     )
     assert max(differences) < 1e-4, differences
