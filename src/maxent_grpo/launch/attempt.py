@@ -184,13 +184,13 @@ class Attempt:
 
     @property
     def requeued(self) -> bool:
-        """The job runs again: Slurm requeued it, or accepted our requeue."""
+        """Whether the job runs again (Slurm requeued it, or accepted our requeue)."""
         return self.ending is not None and self.ending.requeued
 
     @property
     def phase(self) -> str:
-        """launch/attempt_phase.py's phase: finishing once training is over, stopping once a
-        stop was asked, running before."""
+        """The phase of launch/attempt_phase.py's table (finishing once training is over,
+        stopping once a stop was asked, running before)."""
         if self.finishing:
             return FINISHING
         return STOPPING if self.stop_reason is not None else RUNNING
