@@ -1,6 +1,7 @@
-"""async_generation's pieces without a server: the worker thread (its bounded wait, a failed
-request), the busy-time arithmetic and the recipe's refusals. The pipeline itself runs against
-the real vLLM CPU server in tests/vllm_server/test_vllm_async.py and bench/bench_async.py.
+"""async_generation's pieces without a server: the generation queue (a request per group,
+chunks, a push between chunks, its bounded waits, a failed request, its saved prefixes), the
+busy-time arithmetic and the recipe's refusals. The pipeline itself runs against the real vLLM
+CPU server in tests/vllm_server/test_vllm_async.py and bench/bench_async.py.
 """
 
 from __future__ import annotations
@@ -11,55 +12,148 @@ import time
 import pytest
 
 from maxent_grpo.errors import ConfigError
-from maxent_grpo.train.async_generation import (
-    GenerationWorker,
-    Pending,
-    ServerLostError,
-    busy_seconds,
-)
+from maxent_grpo.train.async_generation import Pending, ServerLostError, busy_seconds
+from maxent_grpo.train.generation_queue import GenerationQueue, StepWork, kept
+
+EOS = 0
 
 
-def test_the_worker_returns_each_request_in_order_and_records_its_time():
-    seen = []
+class Scripted:
+    """A stand-in server: prompt [p] has n completions, completion k of length lengths[k]
+    (its tokens 1000*k + position + 1, the last one EOS); a continuation's prompt is the prompt
+    and the prefix. Each token's logprob is minus the weights' version, so a test reads which
+    weights made it. `gate` (set by default) holds every request until set."""
 
-    def generate(prompts):
-        seen.append(prompts)
-        return [[7] * len(p) for p in prompts], None
+    def __init__(self, lengths: list[int], delay: float = 0.0):
+        self.lengths, self.delay, self.version = lengths, delay, 0
+        self.requests: list[tuple[list[list[int]], int, int]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.in_flight = 0
+        self.lock = threading.Lock()
 
-    worker = GenerationWorker(generate, timeout=10)
-    items = [Pending(step, [[1]], [[step, step]]) for step in (2, 3)]
-    for item in items:
-        worker.submit(item)
-    assert worker.wait(items[0]) == ([[7, 7]], None)
-    assert worker.wait(items[1]) == ([[7, 7]], None)
-    assert seen == [[[2, 2]], [[3, 3]]]
-    assert len(worker.busy) == 2 and all(end >= start for start, end in worker.busy)
-    worker.close()
+    def send(self, prompts, n, max_tokens):
+        with self.lock:
+            self.requests.append((prompts, n, max_tokens))
+            self.in_flight += 1
+        try:
+            self.gate.wait(30)
+            time.sleep(self.delay)
+            ids = []
+            for prompt in prompts:
+                prefix = prompt[1:]
+                for k in [prefix[0] // 1000] if prefix else range(n):
+                    length = self.lengths[k]
+                    rest = [1000 * k + j + 1 for j in range(len(prefix), length - 1)] + [EOS]
+                    ids.append(rest[:max_tokens])
+            return ids, [[-float(self.version)] * len(t) for t in ids], None
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def queue_for(server: Scripted, chunk: int = 0, timeout: float = 10, n: int = 2):
+    return GenerationQueue(
+        server.send,
+        n=n,
+        max_tokens=8,
+        chunk_tokens=chunk,
+        stop_ids={EOS},
+        timeout=timeout,
+        version=0,
+    )
+
+
+def test_each_group_is_a_request_and_each_step_comes_back_whole_in_order():
+    server = Scripted([3, 8])
+    queue = queue_for(server)
+    works = [queue.submit(step, [[step], [step], [step + 10], [step + 10]]) for step in (2, 3)]
+    ids, logprobs, versions = queue.wait(works[0])
+    assert ids == [[1, 2, EOS], [1001, 1002, 1003, 1004, 1005, 1006, 1007, EOS]] * 2
+    assert versions == [0] * 4 and logprobs[0] == [-0.0] * 3
+    queue.wait(works[1])
+    # one request per group (a prompt, n completions), none per step
+    assert sorted(p[0][0] for p, _, _ in server.requests) == [2, 3, 12, 13]
+    assert {(n, budget) for _, n, budget in server.requests} == {(2, 8)}
+    assert queue.busy and all(end >= start for start, end in queue.busy)
+    queue.close()
+
+
+def test_with_chunks_a_push_waits_one_chunk_and_completions_go_on_from_their_prefix():
+    server = Scripted([3, 8], delay=0.05)
+    queue = queue_for(server, chunk=2)
+    work = queue.submit(2, [[5], [5]])
+    time.sleep(0.02)  # the first chunk is out
+    with queue.paused():  # what a weight push does
+        assert server.in_flight == 0
+        server.version = queue.version = 1
+    ids, logprobs, versions = queue.wait(work)
+    assert ids == [[1, 2, EOS], [1001, 1002, 1003, 1004, 1005, 1006, 1007, EOS]]
+    assert versions == [0, 0]  # the version of each completion's first token
+    long = work.groups[0].samples[1]
+    assert long.versions == [(0, 0), (2, 1), (4, 1), (6, 1)]
+    assert long.logprobs == [-0.0, -0.0] + [-1.0] * 6
+    assert work.spanned() == 1.0
+    # each continuation asked for the prefix's completion only, one chunk long
+    later = [(p, n, budget) for p, n, budget in server.requests[1:]]
+    assert later[0] == ([[5, 1, 2], [5, 1001, 1002]], 1, 2)
+    assert later[1] == ([[5, 1001, 1002, 1003, 1004]], 1, 2)  # the short one had ended
+    queue.close()
+
+
+def test_a_chunk_ending_on_a_stop_token_ends_its_completion():
+    server = Scripted([2, 4])  # lengths that are whole chunks
+    queue = queue_for(server, chunk=2)
+    ids, _, _ = queue.wait(queue.submit(1, [[5], [5]]))
+    assert ids == [[1, EOS], [1001, 1002, 1003, EOS]]
+    assert len(server.requests) == 2  # nothing asked after either EOS
+    queue.close()
+
+
+def test_saved_prefixes_go_on_in_another_queue_and_are_not_generated_again():
+    server = Scripted([3, 8], delay=0.05)
+    queue = queue_for(server, chunk=2)
+    work = queue.submit(4, [[5], [5]])
+    time.sleep(0.02)
+    with queue.paused():  # a checkpoint's snapshot, after the first chunk
+        saved = work.state()
+    queue.close()
+    restored = StepWork.from_state(4, saved)
+    assert kept([restored]) == (2, 4)  # both unfinished after 2 tokens: 4 tokens kept
+    again = Scripted([3, 8])
+    other = queue_for(again)
+    other.adopt([restored])
+    ids, _, _ = other.wait(restored)
+    assert ids == [[1, 2, EOS], [1001, 1002, 1003, 1004, 1005, 1006, 1007, EOS]]
+    assert again.requests == [([[5, 1, 2], [5, 1001, 1002]], 1, 6)]  # the rest, in one piece
+    other.close()
 
 
 def test_a_server_that_stops_answering_is_an_error_after_the_timeout_not_a_hang():
-    release = threading.Event()
-    worker = GenerationWorker(lambda prompts: release.wait(30), timeout=0.3)
-    item = Pending(4, [[1]], [[1]])
-    worker.submit(item)
+    server = Scripted([3, 3])
+    server.gate.clear()
+    queue = queue_for(server, timeout=0.3)
+    work = queue.submit(4, [[1], [1]])
     started = time.monotonic()
     with pytest.raises(ServerLostError, match="did not return step 4's completions within"):
-        worker.wait(item)
+        queue.wait(work)
+    with pytest.raises(ServerLostError, match="did not finish its 1 requests in flight"):
+        with queue.paused():
+            pass
     assert time.monotonic() - started < 5
-    release.set()
-    worker.close()
+    server.gate.set()
+    queue.close()
 
 
 def test_a_failed_request_is_raised_in_the_trainer_with_its_cause():
-    def generate(prompts):
+    def send(prompts, n, max_tokens):
         raise ConnectionError("connection refused")
 
-    worker = GenerationWorker(generate, timeout=10)
-    item = Pending(5, [[1]], [[1]])
-    worker.submit(item)
+    queue = GenerationQueue(send, 2, 8, 0, {EOS}, timeout=10, version=0)
+    work = queue.submit(5, [[1], [1]])
     with pytest.raises(ServerLostError, match="failed while generating step 5 ahead: .*refused"):
-        worker.wait(item)
-    worker.close()
+        queue.wait(work)
+    queue.close()
 
 
 def test_busy_seconds_counts_only_the_window():
@@ -211,7 +305,7 @@ def test_a_step_made_ahead_pushes_the_weights_once_and_only_before_a_request(rol
         return [[0]] * len(prompt_ids), None
 
     trainer = SimpleNamespace(
-        args=SimpleNamespace(max_staleness=1),
+        args=SimpleNamespace(max_staleness=1, vllm_sync_interval_steps=1),
         model=SimpleNamespace(training=True),
         state=SimpleNamespace(global_step=5),
         accelerator=SimpleNamespace(is_main_process=True, num_processes=1, process_index=0),
@@ -223,12 +317,12 @@ def test_a_step_made_ahead_pushes_the_weights_once_and_only_before_a_request(rol
     component = AsyncGeneration.__new__(AsyncGeneration)
     component.trainer, component.clock, component.sync = trainer, None, sync
     component.rollouts = object() if rollouts else None
-    component._step, component._worker = 0, None
-    component._consumed_at = component._next = None
+    component._step, component._held, component._resumed = 0, False, None
+    component._consumed_at, component._next = None, []
     prompts = [[1], [1]]
-    made = Pending(6, prompts, prompts, version=4, payload=([[9], [8]], None, None))
-    made.done.set()
-    component._pending = made
+    made = StepWork.from_state(6, [{"prompt": [1], "samples": [sample([9]), sample([8])]}])
+    component._queue = GenerationQueue(None, 2, 8, 0, set(), timeout=5, version=4)
+    component._pending = {6: Pending(6, prompts, prompts, version=4, work=made)}
 
     call = component.generate_single_turn
     assert call(trl_generates, prompts, None, None, 2) == ([[9], [8]], None)
@@ -237,3 +331,8 @@ def test_a_step_made_ahead_pushes_the_weights_once_and_only_before_a_request(rol
     call(trl_generates, prompts, None, None, 2)  # the step's next round
     assert events == ["push", "trl generates"]
     assert trainer._last_loaded_step == 5
+    component._queue.close()
+
+
+def sample(tokens: list[int]) -> dict:
+    return {"tokens": tokens, "logprobs": None, "versions": [(0, 4)], "done": True}

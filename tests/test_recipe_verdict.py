@@ -64,6 +64,12 @@ CASES: dict[str, tuple[Path, dict]] = {
         SMOKE_VLLM,
         {"async_generation": True, "vllm_sync_interval_steps": 2, "max_staleness": 1},
     ),
+    "partial_without_async": (SMOKE_VLLM, {"partial_rollout_tokens": 8}),
+    "deep_with_rounds": (
+        SMOKE_VLLM,
+        {"async_generation": True, "max_staleness": 3, "oversample_factor": 2.0},
+    ),
+    "partial_whole": (SMOKE_VLLM, {"async_generation": True, "partial_rollout_tokens": 32}),
     "rounds_split_groups": (SMOKE, {"max_generation_rounds": 2, "per_device_train_batch_size": 2}),
     "kl_target_alone": (SMOKE, {"kl_target": 0.05}),
     "kl_target_no_beta": (SMOKE, {"kl_target": 0.05, "kl_horizon": 10000}),
@@ -130,6 +136,18 @@ REFUSALS: dict[str, tuple[str, str] | str] = {
         "needs one generation per optimizer step; steps_per_generation 2",
     ),
     "every sample would be too old": ("async_too_stale", "every sample would be too old"),
+    "only generation ahead is made in chunks": (
+        "partial_without_async",
+        "partial_rollout_tokens: 8 without async_generation",
+    ),
+    "steps ahead, which rollout filters, rounds and over-sampling cannot": (
+        "deep_with_rounds",
+        "max_staleness: 3 generates 3 steps ahead",
+    ),
+    "every completion would be one chunk": (
+        "partial_whole",
+        "partial_rollout_tokens: 32 is not below max_completion_length (32)",
+    ),
     "with nothing to choose from": ("best_of_nothing", "oversample_keep: best with nothing"),
     "the rollout function generates each step on its own": (
         "rollout_func_async",

@@ -59,6 +59,20 @@ def uses_vllm_server(values) -> bool:
     return bool(getattr(values, "use_vllm", False)) and values.vllm_mode == "server"
 
 
+def rollouts_on(values) -> bool:
+    """Rollout filters, generation rounds or over-sampling (train/rollout_rounds.py): the one
+    spelling of it. values: RecipeKeys, or the trainers' built config."""
+    return bool(values.rollout_filters) or (
+        values.max_generation_rounds > 1 or values.oversample_factor > 1.0
+    )
+
+
+def async_depth(values) -> int:
+    """Steps async_generation generates ahead: as many as keep every sample within
+    max_staleness, given that weights are pushed every vllm_sync_interval_steps."""
+    return max(1, values.max_staleness - values.vllm_sync_interval_steps + 1)
+
+
 def resolve_method(requested: str | None, declared: str | None, source: str) -> str:
     """The method of a run: the one asked for, the recipe's `method:` key, else grpo.
 

@@ -98,7 +98,19 @@ class GRPOConfig(trl.GRPOConfig):
         metadata={
             "help": "With async_generation: the most optimizer steps a sample's policy may be "
             "behind the policy that trains on it; older samples are dropped (counted in "
-            "async/dropped_stale) and generated again. At least vllm_sync_interval_steps."
+            "async/dropped_stale) and generated again. At least vllm_sync_interval_steps. "
+            "It also sets how deep the pipeline runs: max_staleness - "
+            "vllm_sync_interval_steps + 1 steps are generated ahead (docs: Asynchronous "
+            "generation)."
+        },
+    )
+    partial_rollout_tokens: Annotated[int, Accepts(range=(">=", 0))] = field(
+        default=0,
+        metadata={
+            "help": "With async_generation: generate completions in chunks of this many "
+            "tokens, so a weight push waits for at most one chunk in flight; unfinished "
+            "completions go on from their prefixes under the new weights, and a checkpoint "
+            "keeps them (docs: Asynchronous generation). 0: whole completions."
         },
     )
     # TRL's key and meaning (seconds to wait for the server's /health), with a default that

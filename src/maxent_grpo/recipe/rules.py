@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from maxent_grpo.errors import ConfigError, ConfigProblems
-from maxent_grpo.methods import uses_vllm_server
+from maxent_grpo.methods import async_depth, rollouts_on, uses_vllm_server
 from maxent_grpo.recipe import schema
 from maxent_grpo.recipe.problems import run_checks
 from maxent_grpo.rollout_filters import find_filter
@@ -108,6 +108,12 @@ def check_sync_interval(values: Any) -> None:
 def check_async_generation(values: Any, world_size: int | None) -> None:
     """One generation per optimizer step, from a server, with TRL's correction."""
     if not values.async_generation:
+        if values.partial_rollout_tokens:
+            raise ConfigError(
+                f"partial_rollout_tokens: {values.partial_rollout_tokens} without "
+                "async_generation: only generation ahead is made in chunks; set "
+                "async_generation: true, or partial_rollout_tokens: 0"
+            )
         return
     lines = []
     if not uses_vllm_server(values):
@@ -136,8 +142,29 @@ def check_async_generation(values: Any, world_size: int | None) -> None:
             f"({values.vllm_sync_interval_steps}): every sample would be too old; set "
             f"max_staleness: {values.vllm_sync_interval_steps} or more"
         )
+    lines += _async_depth_problems(values)
     if lines:
         raise ConfigProblems("async_generation", lines)
+
+
+def _async_depth_problems(values: Any) -> list[str]:
+    """How far ahead and in what pieces (train/async_generation.py)."""
+    lines = []
+    depth = async_depth(values)
+    if depth > 1 and rollouts_on(values):
+        lines.append(
+            f"max_staleness: {values.max_staleness} generates {depth} steps ahead, which "
+            "rollout filters, rounds and over-sampling cannot (each step's first round is "
+            "known only once the step before has filtered); set max_staleness: "
+            f"{values.vllm_sync_interval_steps}"
+        )
+    if values.partial_rollout_tokens >= values.max_completion_length:
+        lines.append(
+            f"partial_rollout_tokens: {values.partial_rollout_tokens} is not below "
+            f"max_completion_length ({values.max_completion_length}): every completion would "
+            "be one chunk; set it below, or 0"
+        )
+    return lines
 
 
 def check_rollouts(values: Any, world_size: int | None) -> None:
@@ -149,19 +176,17 @@ def check_rollouts(values: Any, world_size: int | None) -> None:
         except ConfigError as exc:
             lines.append(str(exc))
     steps = generation_steps(values, world_size)
-    rollouts = values.rollout_filters or values.max_generation_rounds > 1
-    if (rollouts or values.oversample_factor > 1) and (
-        values.per_device_train_batch_size * steps
-    ) % values.num_generations:
+    if (
+        rollouts_on(values)
+        and (values.per_device_train_batch_size * steps) % values.num_generations
+    ):
         lines.append(
             f"per_device_train_batch_size x steps_per_generation: "
             f"{values.per_device_train_batch_size} x {steps} is not a multiple of "
             f"num_generations ({values.num_generations}); rollout_filters, "
             "max_generation_rounds and oversample_factor need whole groups on each process"
         )
-    if getattr(values, "oversample_keep", "first") == "best" and not (
-        rollouts or values.oversample_factor > 1
-    ):
+    if getattr(values, "oversample_keep", "first") == "best" and not rollouts_on(values):
         lines.append(
             "oversample_keep: best with nothing to choose from: a step holds more groups than "
             "it needs only with oversample_factor > 1, rollout_filters or max_generation_rounds "
@@ -183,7 +208,7 @@ def check_replay(values: Any, world_size: int | None) -> None:
             f"replay_share: {share} with async_generation: true: the next step's prompts are "
             "sent ahead in full, before replay decides which of them to skip; set one of them"
         )
-    if values.rollout_filters or values.max_generation_rounds > 1 or values.oversample_factor > 1:
+    if rollouts_on(values):
         lines.append(
             f"replay_share: {share} with rollout_filters, max_generation_rounds or "
             "oversample_factor: replay does not yet work with generation rounds (a round's "

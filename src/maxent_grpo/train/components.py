@@ -12,7 +12,7 @@ Importing this module imports torch and TRL (the components' modules).
 from __future__ import annotations
 
 from maxent_grpo.faults import failpoint
-from maxent_grpo.methods import uses_vllm_server
+from maxent_grpo.methods import rollouts_on, uses_vllm_server
 from maxent_grpo.train.adaptive_kl import AdaptiveKL
 from maxent_grpo.train.async_generation import AsyncGeneration
 from maxent_grpo.train.checkpoints import CompleteCheckpoints
@@ -43,13 +43,6 @@ class Failpoints:
     def rewards(self, call, *args):
         failpoint("scoring", self.trainer.state.global_step + 1)
         return call(*args)
-
-
-def rollouts_on(args) -> bool:
-    """Rollout filters, generation rounds or over-sampling: the Rollouts component."""
-    return bool(args.rollout_filters) or (
-        args.max_generation_rounds > 1 or args.oversample_factor > 1.0
-    )
 
 
 def plan_components(args, method: str, method_component: type | None = None) -> list[type]:
