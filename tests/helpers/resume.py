@@ -59,3 +59,19 @@ def assert_resumed_from(
         else:
             assert "Resuming from" not in log, log[-2000:]
     return steps
+
+
+def saved_ahead(piece: dict) -> list[tuple[int, int, list | None]]:
+    """A checkpoint's async_generation piece (train/async_generation.py `_state`): per step
+    generated ahead, (step, policy version pushed before it, its completions' token ids, or
+    None on a process other than the main one)."""
+    return [
+        (
+            item["step"],
+            item["version"],
+            None
+            if item["groups"] is None
+            else [s["tokens"] for g in item["groups"] for s in g["samples"]],
+        )
+        for item in piece["items"]
+    ]

@@ -24,6 +24,7 @@ from test_training_slurm import (
 )
 
 from helpers.paths import MAXENT_GRPO, REPO, SMOKE_VLLM
+from helpers.resume import saved_ahead
 
 pytestmark = pytest.mark.multinode
 
@@ -97,9 +98,9 @@ def test_three_nodes_vllm_server_on_the_first_trains_on_the_others(
         torch.load(tmp_path / "out" / "checkpoint-2" / f"registered_state-{rank}.pt")
         for rank in (0, 1)
     ]
-    ahead = [state["pieces"]["async_generation"] for state in saved]
-    assert [(a["step"], a.get("version")) for a in ahead] == [(3, 1), (3, 1)], ahead
-    assert len(ahead[0]["payload"][0]) == 8 and ahead[1]["payload"] is None, ahead
+    ahead = [saved_ahead(state["pieces"]["async_generation"]) for state in saved]
+    assert [[(a[0], a[1]) for a in rank] for rank in ahead] == [[(3, 1)], [(3, 1)]], ahead
+    assert len(ahead[0][0][2]) == 8 and ahead[1][0][2] is None, ahead
     assert (tmp_path / "out" / "maxent_grpo_training_complete.json").is_file()
     # Nothing of the run is left on any node: no launcher, trainer or server (vLLM's engine
     # process is titled VLLM::EngineCore).

@@ -30,7 +30,7 @@ import torch
 from shared_servers import plan_on
 
 from helpers.recipes import SMOKE_VLLM, write_recipe
-from helpers.resume import assert_resumed_from, event_count, mark_tampered
+from helpers.resume import assert_resumed_from, event_count, mark_tampered, saved_ahead
 from helpers.runs import run
 from maxent_grpo.rundir.checkpoints import (
     clear_stop_request,
@@ -116,7 +116,7 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
     # The same checkpoint without the saved completions: its step 5 generates afresh.
     for path in (tampered / "out" / f"checkpoint-{STOP_AT}").glob("registered_state-*.pt"):
         saved = torch.load(path, weights_only=True)
-        saved["pieces"]["async_generation"] = {"step": -1}
+        saved["pieces"]["async_generation"] = {"items": []}
         torch.save(saved, path)
     mark_tampered(tampered / "out" / f"checkpoint-{STOP_AT}")
     tampered_recipe = write_recipe(tampered, base=recipe)
@@ -130,7 +130,7 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
     # No step lost: the resumed attempt ran exactly steps 5 to 7.
     log = second.stdout + second.stderr
     assert_resumed_from(out, before, checkpoint=STOP_AT, max_steps=STEPS, log=log)
-    assert f"async_generation: resumed with step {STOP_AT + 1}'s completions" in log
+    assert f"async_generation: resumed with steps [{STOP_AT + 1}] generated ahead" in log
     steps = step_metrics(out)
     shown = ("rollouts/rounds", "async/prefetched", "async/staleness_max", "async/wait_s")
     print("MEASURED per step:", {s: {k: m.get(k) for k in shown} for s, m in steps.items()})
@@ -154,9 +154,9 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
     files = sorted((out / f"checkpoint-{STOP_AT}").glob(STATE_FILE.format("*")))
     assert len(files) == 2
     pieces = [torch.load(f, weights_only=True)["pieces"]["async_generation"] for f in files]
-    main = next(p for p in pieces if p["payload"] is not None)
-    assert (main["step"], main["version"]) == (STOP_AT + 1, STOP_AT - 1)
-    completion_ids = main["payload"][0]
+    main = next(saved_ahead(p) for p in pieces if saved_ahead(p)[0][2] is not None)
+    assert [(step, version) for step, version, _ in main] == [(STOP_AT + 1, STOP_AT - 1)]
+    completion_ids = main[0][2]
     assert len(completion_ids) == 2 * 3 * 4  # 2 processes x 3 groups x 4 completions
     mean_length = sum(len(ids) for ids in completion_ids) / len(completion_ids)
     assert steps[STOP_AT + 1]["completions/mean_length"] == pytest.approx(mean_length)

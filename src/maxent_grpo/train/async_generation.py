@@ -358,10 +358,11 @@ class AsyncGeneration:
     def _state(self) -> dict:
         items = sorted(self._pending.values(), key=lambda p: p.step)
         queue = self._queue if any(p.work for p in items) else None
-        if queue is not None:
+        if queue is not None and queue.in_flight:
             logger.warning(
-                "async_generation: the checkpoint waits for the requests in flight of steps %s",
-                [p.step for p in items],
+                "async_generation: the checkpoint waits for %d requests in flight (steps %s)",
+                queue.in_flight,
+                [p.step for p in items if p.work and not p.work.done.is_set()],
             )
         with queue.paused() if queue is not None else _nothing():
             saved = [

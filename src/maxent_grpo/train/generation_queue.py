@@ -196,6 +196,11 @@ class GenerationQueue:
                 self._paused -= 1
                 self._cond.notify_all()
 
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet answered."""
+        return self._in_flight
+
     def drop(self, steps: set[int]) -> None:
         """Stop generating for these steps (already trained, or dropped)."""
         with self._cond:
