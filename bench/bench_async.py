@@ -67,11 +67,30 @@ from benchlib import (
     write_result,
 )
 
+LONG = 100  # the long tail's max_completion_length
 CASES = {
     "smoke": {},
     "balanced": {"max_completion_length": 16},
     "short": {"max_completion_length": 8},
     "oversample": {"oversample_factor": 2.0},
+    # Heavy-tailed lengths: 11 of the tiny model's 384 tokens end a completion, so lengths are
+    # about geometric (median ~24 of 100, ~5 % reach 100; the run's figures say what they were).
+    "longtail": {
+        "max_completion_length": LONG,
+        "generation_kwargs": {"stop_token_ids": list(range(100, 111))},
+    },
+}
+SIDES = {"sync": {"async_generation": False}, "async": {"async_generation": True}}
+# The long tail's sides: synchronous, one step ahead, four, and four in chunks (a push waits
+# for at most a quarter of the longest completion).
+DEEP = {"async_generation": True, "max_staleness": 4}
+CASE_SIDES = {
+    "longtail": {
+        "sync": SIDES["sync"],
+        "k1": SIDES["async"],
+        "k4": DEEP,
+        "k4_partial": {**DEEP, "partial_rollout_tokens": LONG // 4},
+    }
 }
 ALTERNATING = {"oversample"}  # steps that generate alternate with steps that do not
 SERVER_CORES, TRAINER_CORES = "0", "1"  # one each, as on GPUs each side has its own device
@@ -118,6 +137,15 @@ def summary(steps: dict[int, dict], completions_per_step: int) -> dict:
         "trainer_busy": middle.get("time/trainer_busy"),
         "server_busy": middle.get("time/server_busy"),
         "staleness_max": max((m.get("async/staleness_max", 0.0) for m in timed), default=0.0),
+        "staleness": [m.get("async/staleness_max") for m in timed],
+        "partial_share": mean(
+            [m["async/partial_share"] for m in timed if "async/partial_share" in m]
+        ),
+        # completion tokens trained per second of the timed steps (the server made them)
+        "tokens_per_s": sum(m["completions/mean_length"] for m in timed)
+        * completions_per_step
+        / max(sum(step_s), 1e-9),
+        "mean_length": mean([m["completions/mean_length"] for m in timed]),
         "reward_per_completions": [
             (s * completions_per_step, m["reward"]) for s, m in sorted(steps.items())
         ],
@@ -208,6 +236,8 @@ def shared_server(
     try:
         server.wait_until_healthy()
         SERVER_PIDS[:] = [server.pid]
+        plan_for.url = f"http://{server_plan.host}:{server_plan.port}"  # type: ignore[attr-defined]
+        plan_for.model = read_recipe(["--config", str(first)]).model_name_or_path  # type: ignore[attr-defined]
         yield plan_for
     finally:
         SERVER_PIDS.clear()
@@ -263,12 +293,108 @@ def case_figures(case: str, runs: dict[str, list[dict]]) -> list[dict]:
     ]
 
 
+def server_rates(url: str, model: str, sequences: int, stop_ids: list[int]) -> dict:
+    """The server's limit and the case's shape, asked directly: generated tokens/s with
+    `sequences` completions all `LONG` tokens long in one batch (its full-batch rate), and the
+    lengths of 64 completions with the case's stop tokens (median, share reaching LONG)."""
+    import requests
+
+    from maxent_grpo.server_auth import auth_headers
+
+    def ask(n: int, **params) -> list[int]:
+        body = {"model": model, "prompt": [[11, 12, 13, 14]], "n": n, "max_tokens": LONG}
+        body.update(return_token_ids=True, temperature=1.0, **params)
+        answer = requests.post(
+            f"{url}/v1/completions", json=body, headers=auth_headers(), timeout=300
+        )
+        answer.raise_for_status()
+        return [len(choice["token_ids"]) for choice in answer.json()["choices"]]
+
+    ask(sequences, min_tokens=LONG, ignore_eos=True)  # warm
+    rates = []
+    for _ in range(3):
+        started = time.monotonic()
+        made = sum(ask(sequences, min_tokens=LONG, ignore_eos=True))
+        rates.append(made / (time.monotonic() - started))
+    lengths = sorted(ask(64, stop_token_ids=stop_ids))
+    return {
+        "full_batch_tokens_per_s": statistics.median(rates),
+        "median_length": statistics.median(lengths),
+        "share_at_max": sum(1 for n in lengths if n >= LONG) / len(lengths),
+    }
+
+
+def deep_figures(case: str, runs: dict[str, list[dict]], rates: dict) -> list[dict]:
+    """The long tail's sides against each other, the server against its limit."""
+
+    def middle(side: str, key: str) -> float:
+        values = [r[key] for r in runs[side] if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    step = {side: middle(side, "median_step_s") for side in runs}
+    best = middle("k4_partial", "tokens_per_s")
+    return [
+        figure(
+            f"{case}: completion lengths, median of 64",
+            rates["median_length"],
+            "tokens",
+            target=LONG / 4,
+            note=f"share reaching {LONG}: {rates['share_at_max']:.3f}",
+        ),
+        *[figure(f"{case}: {side} median step", step[side], "s") for side in runs],
+        figure(
+            f"{case}: steps per hour k4_partial / k1",
+            step["k1"] / step["k4_partial"],
+            "x",
+            is_ratio=True,
+            note="must show: at least 1.3x",
+        ),
+        figure(
+            f"{case}: steps per hour k4_partial / sync",
+            step["sync"] / step["k4_partial"],
+            "x",
+            is_ratio=True,
+            note="must show: at least 1.8x",
+        ),
+        figure(f"{case}: steps per hour k4 / k1", step["k1"] / step["k4"], "x", is_ratio=True),
+        figure(f"{case}: steps per hour k1 / sync", step["sync"] / step["k1"], "x", is_ratio=True),
+        figure(
+            f"{case}: server tokens/s k4_partial / its full-batch rate",
+            best / rates["full_batch_tokens_per_s"],
+            "x",
+            is_ratio=True,
+            note=f"full batch {rates['full_batch_tokens_per_s']:.0f} tokens/s; per side: "
+            + ", ".join(f"{side} {middle(side, 'tokens_per_s'):.0f}" for side in runs),
+        ),
+        *[
+            figure(
+                f"{case}: {side} trainers' busy share (median step)",
+                middle(side, "trainer_busy"),
+                "x",
+            )
+            for side in runs
+        ],
+        *[
+            figure(f"{case}: {side} staleness max", middle(side, "staleness_max"), "steps")
+            for side in runs
+            if side != "sync"
+        ],
+        figure(
+            f"{case}: k4_partial share of completions made under two policies",
+            middle("k4_partial", "partial_share"),
+            "x",
+        ),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds per case")
     parser.add_argument("--processes", type=int, default=1, help="training processes")
-    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument(
+        "--cases", nargs="+", choices=list(CASES), default=[c for c in CASES if c != "longtail"]
+    )
     parser.add_argument(
         "--replicas",
         type=int,
@@ -291,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         base_keys["vllm_data_parallel_size"] = args.replicas
         args.server_unpinned = True
     results: dict[str, dict] = {}
+    rates: dict[str, dict] = {}
     with shared_server(
         workdir, args.processes, base_keys, unpinned=args.server_unpinned
     ) as plan_for:
@@ -298,10 +425,11 @@ def main(argv: list[str] | None = None) -> int:
         run_once(workdir, "warmup", SMOKE_VLLM, plan_for, warmup, args.processes)
         for case in args.cases:
             extra = CASES[case]
-            runs: dict[str, list[dict]] = {"sync": [], "async": []}
-            order = ["sync", "async", "async", "sync"] * args.rounds
+            sides = CASE_SIDES.get(case, SIDES)
+            runs: dict[str, list[dict]] = {side: [] for side in sides}
+            order = ([*sides] + [*sides][::-1]) * args.rounds  # ABBA
             for i, side in enumerate(order):
-                keys = {**base_keys, **extra, "async_generation": side == "async"}
+                keys = {**base_keys, **extra, **sides[side]}
                 runs[side].append(
                     run_once(
                         workdir, f"{case}-{side}-{i}", SMOKE_VLLM, plan_for, keys, args.processes
@@ -315,11 +443,24 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             results[case] = runs
-    figures = [f for case, runs in results.items() for f in case_figures(case, runs)]
+            if case in CASE_SIDES:
+                per_step = base_keys["per_device_train_batch_size"] * args.processes
+                stop_ids = extra["generation_kwargs"]["stop_token_ids"]
+                rates[case] = server_rates(plan_for.url, plan_for.model, 4 * per_step, stop_ids)
+    figures = [
+        f
+        for case, runs in results.items()
+        for f in (
+            deep_figures(case, runs, rates[case])
+            if case in CASE_SIDES
+            else case_figures(case, runs)
+        )
+    ]
     print_figures(figures)
     settings = {"steps": args.steps, "processes": args.processes, "cases": args.cases}
     settings["server_unpinned"] = args.server_unpinned
     settings["replicas"] = args.replicas
+    settings["server_rates"] = rates
     write_result("async", {"figures": figures, "runs": results, **settings}, args.output)
     return 0
 

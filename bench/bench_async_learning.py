@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from bench_async import run_once, shared_server
+from bench_async import CASE_SIDES, SIDES, run_once, shared_server
 from benchlib import SMOKE_VLLM, Measurement, bench_parser, figure, print_figures
 
 # A reward the random tiny model's completions spread in (a third of its tokens are single
@@ -34,6 +34,8 @@ from benchlib import SMOKE_VLLM, Measurement, bench_parser, figure, print_figure
 # (-0.08 -> -0.01, ceiling 0): no room to tell two runs apart. At 3e-3, ascii_fraction is 1.0
 # for every completion from step 50 on, and the final window's spread is 0.
 SPREAD = "target: the sync seeds' spread"
+# The sides a run can take (bench_async.py's long-tail sides, by the same names).
+SIDE_KEYS = {"sync": SIDES["sync"], "async": SIDES["async"], **CASE_SIDES["longtail"]}
 LEARNING = dict(reward_funcs=["ascii_fraction"], reward_weights=[1.0], learning_rate=1.0e-3)
 
 
@@ -77,9 +79,11 @@ def completions_to(curve: list[tuple[int, float]], level: float, width: int = 10
 
 
 def level_figures(runs: dict[str, list[dict]]) -> list[dict]:
-    """Completions each side needs to reach 50/75/90 % of sync's rise (median of seeds)."""
-    first = statistics.fmean(r["first"] for r in runs["sync"])
-    final = statistics.fmean(r["final"] for r in runs["sync"])
+    """Completions each side needs to reach 50/75/90 % of the reference side's rise (median
+    of seeds); the reference is the first side (sync), the candidate the second."""
+    ref, new = list(runs)
+    first = statistics.fmean(r["first"] for r in runs[ref])
+    final = statistics.fmean(r["final"] for r in runs[ref])
     figures = []
     for share in (0.5, 0.75, 0.9):
         level = first + share * (final - first)
@@ -87,54 +91,63 @@ def level_figures(runs: dict[str, list[dict]]) -> list[dict]:
         for side, rs in runs.items():
             reached = [completions_to(r["curve"], level) for r in rs]
             need[side] = None if None in reached else statistics.median(reached)
-        ratio = need["async"] / need["sync"] if None not in need.values() else None
+        ratio = need[new] / need[ref] if None not in need.values() else None
         figures.append(
             figure(
-                f"completions to reward {level:.3f} ({share:.0%} of sync's rise), async / sync",
+                f"completions to reward {level:.3f} ({share:.0%} of {ref}'s rise), {new} / {ref}",
                 ratio,
                 "x",
                 is_ratio=True,
-                note=f"median of seeds: sync {need['sync']}, async {need['async']}",
+                note=f"median of seeds: {ref} {need[ref]}, {new} {need[new]}",
             )
         )
     return figures
 
 
 def compare(runs: dict[str, list[dict]], measure: str) -> tuple[list[dict], bool]:
-    """Figures of one measure across seeds; whether async is within the sync seeds' spread."""
+    """Figures of one measure across seeds; whether the candidate (second side) is within
+    the reference (first side) seeds' spread."""
+    ref, new = list(runs)
     values = {side: [r[measure] for r in rs] for side, rs in runs.items()}
     mean = {side: statistics.fmean(v) for side, v in values.items()}
     spread = {side: max(v) - min(v) for side, v in values.items()}
-    gap = mean["sync"] - mean["async"]
+    gap = mean[ref] - mean[new]
     figures = [figure(f"{measure}: {s} mean of seeds", mean[s], "reward") for s in runs]
     figures += [figure(f"{measure}: {s} spread (max - min)", spread[s], "reward") for s in runs]
     figures += [
-        figure(f"{measure}: async / sync", mean["async"] / mean["sync"], "x", is_ratio=True),
-        figure(f"{measure}: sync - async", gap, "reward", target=spread["sync"], note=SPREAD),
+        figure(f"{measure}: {new} / {ref}", mean[new] / mean[ref], "x", is_ratio=True),
+        figure(
+            f"{measure}: {ref} - {new}",
+            gap,
+            "reward",
+            target=spread[ref],
+            note=SPREAD.replace("sync", ref),
+        ),
     ]
-    return figures, gap <= spread["sync"]
+    return figures, gap <= spread[ref]
 
 
 def verdict_figures(runs: dict[str, list[dict]]) -> tuple[list[dict], str]:
     """The final window (the verdict) and the whole run's mean reward (the curve's area)."""
+    ref, new = list(runs)
     final, held = compare(runs, "final")
     whole, whole_held = compare(runs, "run_mean")
-    first = statistics.fmean(r["first"] for r in runs["sync"])
-    sync_final = [r["final"] for r in runs["sync"]]
+    first = statistics.fmean(r["first"] for r in runs[ref])
+    sync_final = [r["final"] for r in runs[ref]]
     rise, spread = statistics.fmean(sync_final) - first, max(sync_final) - min(sync_final)
-    figures = [figure("sync: rise, final window - first window", rise, "reward"), *final, *whole]
+    figures = [figure(f"{ref}: rise, final window - first window", rise, "reward"), *final, *whole]
     figures += level_figures(runs)
     if rise <= spread:
         return (
             figures,
-            f"no verdict: the reward did not rise (sync {rise:+.4f}, spread {spread:.4f})",
+            f"no verdict: the reward did not rise ({ref} {rise:+.4f}, spread {spread:.4f})",
         )
     mean = {s: statistics.fmean(r["final"] for r in rs) for s, rs in runs.items()}
     return figures, (
-        f"learning {'holds' if held else 'does NOT hold'}: final-window reward async "
-        f"{mean['async']:.4f} vs sync {mean['sync']:.4f}, sync seeds' spread {spread:.4f}, "
-        f"sync rose {rise:+.4f}; whole-run mean {'within' if whole_held else 'NOT within'} "
-        "the sync seeds' spread"
+        f"learning {'holds' if held else 'does NOT hold'}: final-window reward {new} "
+        f"{mean[new]:.4f} vs {ref} {mean[ref]:.4f}, {ref} seeds' spread {spread:.4f}, "
+        f"{ref} rose {rise:+.4f}; whole-run mean {'within' if whole_held else 'NOT within'} "
+        f"the {ref} seeds' spread"
     )
 
 
@@ -146,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         "--first-seed", type=int, default=0, help="seeds first-seed, first-seed+1, ..."
     )
     parser.add_argument("--window", type=int, default=20, help="steps in the first/final window")
-    parser.add_argument("--sides", default="sync,async", help="comma-separated: sync,async")
+    parser.add_argument(
+        "--sides",
+        default="sync,async",
+        help=f"two of {', '.join(SIDE_KEYS)}, comma-separated: the reference, then the "
+        "candidate (k1,k4: one step ahead against four)",
+    )
     parser.add_argument("--learning-rate", type=float, default=LEARNING["learning_rate"])
     parser.add_argument(
         "--smoke-rewards", action="store_true", help="the recipe's own reward mix instead"
@@ -174,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     with shared_server(workdir, 1, keys) as plan_for:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for side in sides if seed % 2 == 0 else sides[::-1]:
-                run_keys = {**keys, "seed": seed, "async_generation": side == "async"}
+                run_keys = {**keys, "seed": seed, **SIDE_KEYS[side]}
                 run = learning_run(workdir, f"{side}-{seed}", plan_for, run_keys, args.window)
                 runs[side].append(run)
                 print(
@@ -187,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     for side, curve in curves.items():
         shown = ", ".join(f"{c}: {r:.3f}" for c, r in curve)
         print(f"{side} reward per completions trained on (mean of seeds): {shown}", flush=True)
-    figures, line = verdict_figures(runs) if set(sides) == {"sync", "async"} else ([], "")
+    figures, line = verdict_figures(runs) if len(sides) == 2 else ([], "")
     print_figures(figures)
     print(line, flush=True)
     settings = {

@@ -27,6 +27,7 @@ from test_multinode import _max_diff
 from test_multinode_runs import _small
 from test_training_slurm import sbatch_training, slurm_out, train_logs, wait_for
 
+from helpers.completion_rewards import recorded
 from helpers.paths import SMOKE_VLLM
 from helpers.resume import saved_ahead
 
@@ -121,3 +122,88 @@ def test_async_generation_time_limit_with_generation_ahead_resumes_equal(
 
     diff = assert_same_steps(run / "out", reference / "out", saved)
     cluster.timings["async preemption: max |weight difference| vs uninterrupted"] = diff
+
+
+# Partial rollouts, 3 steps ahead, completions long enough that generation is the longer side:
+# a stop always finds completions half made (the tiny random model rarely ends one early).
+PARTIAL = dict(async_generation=True, max_staleness=3, partial_rollout_tokens=32)
+PARTIAL.update(max_completion_length=160, max_steps=12, save_steps=1000)
+RECORD = "tests.helpers.completion_rewards:record_completions"
+
+
+def _saved_samples(checkpoint: Path) -> dict[int, list[dict]]:
+    """{step: its samples (tokens, done)} of the steps ahead the main process saved."""
+    for path in sorted(checkpoint.glob("registered_state-*.pt")):
+        piece = torch.load(path, weights_only=True)["pieces"]["async_generation"]
+        items = [item for item in piece["items"] if item["groups"] is not None]
+        if items:
+            return {
+                item["step"]: [s for g in item["groups"] for s in g["samples"]] for item in items
+            }
+    raise AssertionError(f"no process saved the steps ahead in {checkpoint}")
+
+
+def test_partial_rollouts_preempted_mid_generation_go_on_from_their_saved_prefixes(
+    multinode_cluster, tmp_path, tiny_model
+):
+    """Issue 51's must-show: a preemption (Slurm's signal, requeue) while completions are
+    half made; the checkpoint holds their prefixes, the resumed run continues them (their
+    first tokens are the saved ones), regenerates none of what was saved, and trains the same
+    steps on the same prompts as an uninterrupted run."""
+    cluster = multinode_cluster
+    jobs, records = {}, {}
+    for name in ("run", "reference"):
+        records[name] = tmp_path / name / "completions"
+        env = {"OMP_NUM_THREADS": "1", "MAXENT_GRPO_TEST_COMPLETIONS_DIR": str(records[name])}
+        keys = dict(PARTIAL, reward_funcs=["digit_fraction", RECORD], reward_weights=None)
+        recipe = _small(tmp_path / name, tiny_model, SMOKE_VLLM, env=env, **keys)
+        args = ("--nodes=1", "--requeue", EXPORT)
+        jobs[name] = sbatch_training(cluster, tmp_path / name, recipe, *args)
+    run, reference = tmp_path / "run", tmp_path / "reference"
+    wait_for(lambda: _last_step(run / "out") >= 4, 600, "the run to reach step 4")
+    cluster.run(["scancel", "--batch", "--signal=USR1", jobs["run"]])
+    for name, job in jobs.items():
+        assert cluster.wait(job, timeout=900) == "COMPLETED", slurm_out(tmp_path / name)[-4000:]
+
+    first, second = (p.read_text(errors="replace") for p in train_logs(run))
+    saved = int(re.search(r"Stopped on request after step (\d+)", first).group(1))
+    samples = _saved_samples(run / "out" / f"checkpoint-{saved}")
+    assert sorted(samples) == [saved + 1, saved + 2, saved + 3], sorted(samples)
+    half_made = {s: [x for x in xs if x["tokens"] and not x["done"]] for s, xs in samples.items()}
+    assert sum(map(len, half_made.values())) >= 1, samples
+
+    # The resumed steps trained on what was saved: every saved prefix is the start of a
+    # trained completion of its step (the finished ones whole), none made again.
+    trained = recorded(records["run"])
+    for step, saved_samples in samples.items():
+        ids = [c for entry in trained[step].values() for c in entry["ids"]]
+        for sample in saved_samples:
+            prefix = sample["tokens"]
+            matches = [c for c in ids if c[: len(prefix)] == prefix]
+            assert matches, (step, prefix[:8])
+            if sample["done"]:
+                assert prefix in ids, (step, "a finished saved completion was not trained")
+    resumed = [e for e in _events(run / "out") if e["event"] == "step"]
+    resumed = next(e["metrics"] for e in resumed if int(e["step"]) == saved + 1)
+    assert resumed["async/resumed_partial"] == sum(map(len, half_made.values()))
+    assert resumed["async/tokens_kept"] == sum(
+        len(x["tokens"]) for xs in samples.values() for x in xs
+    )
+
+    # No step lost or repeated, and the uninterrupted run's prompts at every step.
+    (uninterrupted,) = _steps_by_attempt(reference / "out")
+    assert sorted(uninterrupted) == list(range(1, PARTIAL["max_steps"] + 1))
+    attempts = _steps_by_attempt(run / "out")
+    assert [sorted(a) for a in attempts] == [
+        list(range(1, saved + 1)),
+        list(range(saved + 1, PARTIAL["max_steps"] + 1)),
+    ]
+    order = {s: {p: e["prompts"] for p, e in per.items()} for s, per in trained.items()}
+    wanted = {
+        s: {p: e["prompts"] for p, e in per.items()}
+        for s, per in recorded(records["reference"]).items()
+    }
+    assert order == wanted
+    cluster.timings["partial rollouts preempted: completions continued from saved prefixes"] = sum(
+        map(len, half_made.values())
+    )

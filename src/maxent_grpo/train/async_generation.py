@@ -122,6 +122,8 @@ class AsyncGeneration:
         self._resumed: tuple[int, int] | None = None  # kept(), logged at the first step
         self._consumed_at: float | None = None
         self._step = 0  # the step whose first generation has been served
+        generation = trainer.vllm_generation  # VLLMSync's timed push, inside ours
+        self._push, generation.sync_weights = generation.sync_weights, self._push_between_requests
         state_registry(trainer).register(
             "async_generation", self._state, self._load, per_process=True
         )
@@ -278,26 +280,38 @@ class AsyncGeneration:
 
     def _sync_weights_once(self) -> None:
         """TRL's rule, before the step's generation: push the weights once per step (the
-        interval is vllm_sync.py's) while no request is in flight; afterwards TRL's own call
-        finds nothing to do."""
+        interval is vllm_sync.py's); afterwards TRL's own call finds nothing to do. Restored
+        work goes on once this run's weights are on the server."""
         trainer = self.trainer
         step = trainer.state.global_step
-        if step == trl_adapter.last_loaded_step(trainer):
-            return
-        due = sync_due(step, self.sync.synced_step, trainer.args.vllm_sync_interval_steps)
-        with self._queue.paused() if self._queue is not None and due else _nothing():
-            trainer.vllm_generation.sync_weights()
+        if step != trl_adapter.last_loaded_step(trainer):
+            trainer.vllm_generation.sync_weights()  # _push_between_requests
             trl_adapter.set_last_loaded_step(trainer, step)
-            pool = self.sync.pool()
-            if pool is not None and self.sync.synced_step is not None:
-                pool.mark_synced(self.sync.synced_step)  # the servers that took this push
-            if self._queue is not None and self.sync.synced_step is not None:
-                self._queue.version = self.sync.synced_step
-        if self._held:  # this run's weights are on the server: the saved prefixes go on
+        if self._held:
             self._held = False
             restored = [p.work for p in self._pending.values() if p.work is not None]
             if restored:
                 self._start_queue().adopt(restored)
+
+    def _push_between_requests(self) -> None:
+        """Every weight push (ours, TRL's at an evaluation), made while no request is in
+        flight: whole completions, or one chunk with partial rollouts, are waited for."""
+        trainer, sync = self.trainer, self.sync
+        due = sync_due(
+            trainer.state.global_step, sync.synced_step, trainer.args.vllm_sync_interval_steps
+        )
+        waited = time.monotonic()
+        with self._queue.paused() if self._queue is not None and due else _nothing():
+            mode = "train" if trainer.model.training else "eval"
+            trl_adapter.metrics(trainer, mode)["async/push_wait_s"].append(
+                time.monotonic() - waited
+            )
+            self._push()
+            pool = sync.pool()
+            if pool is not None and sync.synced_step is not None:
+                pool.mark_synced(sync.synced_step)  # the servers that took this push
+            if self._queue is not None and sync.synced_step is not None:
+                self._queue.version = sync.synced_step
 
     # ---- the queue ---------------------------------------------------------------------------
 

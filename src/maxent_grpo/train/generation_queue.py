@@ -239,7 +239,10 @@ class GenerationQueue:
                     self._busy_since = time.monotonic()
                 self._in_flight += 1
                 version = self.version
-            self._pool.submit(self._chunk, work, group, version)
+            try:
+                self._pool.submit(self._chunk, work, group, version)
+            except RuntimeError:  # closed meanwhile: nothing more is asked
+                return
 
     def _chunk(self, work: StepWork, group: Group, version: int) -> None:
         going = [s for s in group.samples if not s.done]
