@@ -167,3 +167,51 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
     assert changed[STOP_AT + 1]["async/prefetched"] == 0.0
     assert changed[STEPS]["async/prefetched"] == 1.0
     assert_maxent_and_filter(steps, changed)
+
+
+def test_two_steps_ahead_in_chunks_with_maxent_and_lora_resume_on_the_saved_prefixes(
+    tmp_path, tiny_model, lora_server
+):
+    """`max_staleness: 2` (two steps ahead) with partial rollouts (8-token chunks of 24-token
+    completions), MaxEnt-GRPO and LoRA sync, 2 processes, on the shared LoRA server: every
+    step after the second trains on completions two policy versions old; stopped at step 3, the checkpoint holds steps 4 and 5, and the resumed run trains
+    on them (no step regenerated: each is prefetched, two versions old)."""
+    out = tmp_path / "deep" / "out"
+    recipe = write_recipe(
+        tmp_path / "deep",
+        base=SMOKE_VLLM,
+        model_name_or_path=str(tiny_model),
+        async_generation=True,
+        max_staleness=2,
+        partial_rollout_tokens=8,
+        reward_funcs=["answer_match", "format", "tag_count", "length", STOP],
+        reward_weights=[1.0, 0.5, 0.5, 0.5, 0.0],
+        max_completion_length=24,
+        max_steps=6,
+        save_steps=1000,
+        **MAXENT,
+        **LORA,
+    )
+    plan, train_env = plan_on(lora_server, recipe)
+    env = dict(train_env, MAXENT_GRPO_TEST_STOP_AT="3", MAXENT_GRPO_TEST_STOP_DIR=str(out))
+    first = run(list(plan.train.command), timeout=900, **env)
+    assert last_complete_checkpoint(out) == out / "checkpoint-3", first.stdout[-4000:]
+    clear_stop_request(out)
+    pieces = [
+        torch.load(f, weights_only=True)["pieces"]["async_generation"]
+        for f in sorted((out / "checkpoint-3").glob(STATE_FILE.format("*")))
+    ]
+    main = next(saved_ahead(p) for p in pieces if saved_ahead(p)[0][2] is not None)
+    assert [(step, version) for step, version, _ in main] == [(4, 1), (5, 2)], main
+    second = run(list(plan.train.command), timeout=900, **env)
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-2000:]
+    assert "async_generation: resumed with steps [4, 5] generated ahead" in second.stderr
+
+    steps = step_metrics(out)
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6]
+    assert steps[1]["async/prefetched"] == 0.0
+    assert [steps[s]["async/prefetched"] for s in range(2, 7)] == [1.0] * 5
+    assert [steps[s]["async/staleness_max"] for s in range(2, 7)] == [1.0, 2.0, 2.0, 2.0, 2.0]
+    assert steps[4]["async/tokens_kept"] > 0  # the resumed run's first step, on saved work
+    for step in range(2, 7):  # MaxEnt weighted the completions made ahead
+        assert 0.0 < steps[step]["maxent/weight_entropy"] <= 1.3863, step

@@ -56,6 +56,7 @@ class Group:
     prompt: list[int]
     samples: list[Sample] = field(default_factory=list)
     in_flight: bool = False
+    requests: int = 0  # sent for it by this queue
 
     @property
     def done(self) -> bool:
@@ -245,16 +246,33 @@ class GenerationQueue:
                 return
 
     def _chunk(self, work: StepWork, group: Group, version: int) -> None:
+        try:
+            self._extend(group, version)
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread
+            self._settle(work, group, error=exc)
+            return
+        self._settle(work, group)
+
+    def _extend(self, group: Group, version: int) -> None:
+        """One request: the group's first chunk (n completions of its prompt), or the next
+        chunk of each unfinished completion (its prompt and prefix, one completion each)."""
+        group.requests += 1
+        if group.requests > -(-self.max_tokens // self.chunk) + 1:
+            raise RuntimeError(  # every chunk adds tokens or ends a completion: a bug if not
+                f"a group was asked for {group.requests} chunks of at most {self.chunk} tokens "
+                f"toward {self.max_tokens}"
+            )
         going = [s for s in group.samples if not s.done]
         made = going[0].tokens if going else []
         budget = min(self.chunk, self.max_tokens - len(made))
         prompts = [group.prompt + s.tokens for s in going] if going else [group.prompt]
         per_prompt = 1 if going else self.n
-        try:
-            ids, logprobs, versions = self._send(prompts, per_prompt, budget)
-        except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread
-            self._settle(work, group, error=exc)
-            return
+        ids, logprobs, versions = self._send(prompts, per_prompt, budget)
+        if len(ids) != len(prompts) * per_prompt:
+            raise RuntimeError(
+                f"the vLLM server answered {len(ids)} completions for "
+                f"{len(prompts) * per_prompt} asked"
+            )
         if not going:  # the first chunk: the group's n samples
             going = [Sample([], [] if logprobs is not None else None, []) for _ in ids]
             group.samples = going
@@ -269,7 +287,6 @@ class GenerationQueue:
                 or (bool(new) and new[-1] in self.stop_ids)
                 or len(sample.tokens) >= self.max_tokens
             )
-        self._settle(work, group)
 
     def _settle(self, work: StepWork, group: Group, error: BaseException | None = None) -> None:
         with self._cond:
