@@ -129,6 +129,54 @@ def test_saved_prefixes_go_on_in_another_queue_and_are_not_generated_again():
     other.close()
 
 
+class PoolServer(Scripted):
+    """A Scripted server behind the ServerPool's client interface; `down` refuses."""
+
+    def __init__(self, url: str, lengths: list[int]):
+        import requests
+
+        super().__init__(lengths)
+        self.base_url, self.session, self.down, self.asked = url, requests.Session(), False, []
+
+    def generate(self, prompts, features=None, n=1, max_tokens=16, **params):
+        import requests
+
+        if self.down:
+            raise requests.ConnectionError("connection refused")
+        self.asked.append(prompts)
+        ids, _, _ = self.send(prompts, n, max_tokens)
+        return {"prompt_ids": prompts, "completion_ids": ids, "logprobs": None}
+
+
+def test_a_server_lost_mid_completion_gives_its_prefixes_to_another():
+    from maxent_grpo.train import server_pool
+
+    servers = [PoolServer("http://a", [3, 8]), PoolServer("http://b", [3, 8])]
+    for server in servers:
+        server.delay = 0.2
+    pool = server_pool.ServerPool(servers, timeout=5)
+
+    def send(prompts, n, max_tokens):
+        answer = pool.generate(prompts, n=n, max_tokens=max_tokens)
+        return answer["completion_ids"], None, answer["policy_versions"]
+
+    queue = GenerationQueue(send, 2, 8, 2, {EOS}, timeout=10, version=0)
+    work = queue.submit(3, [[5], [5]])
+    deadline = time.monotonic() + 5
+    while not any(server.asked for server in servers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with queue.paused():  # the first chunk is back, the next not asked yet
+        first = next(server for server in servers if server.asked)
+        first.down = True  # its node lost, between two chunks
+    ids, _, _ = queue.wait(work)
+    assert ids == [[1, 2, EOS], [1001, 1002, 1003, 1004, 1005, 1006, 1007, EOS]]
+    other = next(server for server in servers if server is not first)
+    assert pool.live == [servers.index(other)]
+    # the survivor continued the saved prefixes: every prompt it got holds one
+    assert other.asked and all(len(p) > 1 for asked in other.asked for p in asked), other.asked
+    queue.close()
+
+
 def test_a_server_that_stops_answering_is_an_error_after_the_timeout_not_a_hang():
     server = Scripted([3, 3])
     server.gate.clear()

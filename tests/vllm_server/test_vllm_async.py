@@ -174,7 +174,8 @@ def test_two_steps_ahead_in_chunks_with_maxent_and_lora_resume_on_the_saved_pref
 ):
     """`max_staleness: 2` (two steps ahead) with partial rollouts (8-token chunks of 24-token
     completions), MaxEnt-GRPO and LoRA sync, 2 processes, on the shared LoRA server: every
-    step after the second trains on completions two policy versions old; stopped at step 3, the checkpoint holds steps 4 and 5, and the resumed run trains
+    step after the second trains on completions two policy versions old; stopped at step 3,
+    the checkpoint holds steps 4 and 5, and the resumed run trains
     on them (no step regenerated: each is prefetched, two versions old)."""
     out = tmp_path / "deep" / "out"
     recipe = write_recipe(
