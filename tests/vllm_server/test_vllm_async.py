@@ -206,7 +206,7 @@ def test_two_steps_ahead_in_chunks_with_maxent_and_lora_resume_on_the_saved_pref
     assert [(step, version) for step, version, _ in main] == [(4, 1), (5, 2)], main
     second = run(list(plan.train.command), timeout=900, **env)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-2000:]
-    assert "async_generation: resumed with steps [4, 5] generated ahead" in second.stderr
+    assert "async_generation: resumed with steps [4, 5] generated ahead" in second.stdout
 
     steps = step_metrics(out)
     assert sorted(steps) == [1, 2, 3, 4, 5, 6]
