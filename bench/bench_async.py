@@ -30,7 +30,15 @@ Cases:
   generates asks for 4 groups, trains on 2 and carries 2, so every other step is filled by
   carried groups and generates nothing. Its steps alternate, so its figures use the mean step
   (an even number of steps), and the split by kind of step (generating, carried) says where
-  the step waits. `--cases` picks cases.
+  the step waits;
+- longtail (not run by default: `--cases longtail`): 100-token completions whose lengths are
+  heavy-tailed (stop token ids cover a share of the vocabulary: about geometric), run four
+  ways, ABBA: synchronous, one step ahead (k1), four (k4: `max_staleness: 4`) and four in
+  25-token chunks (k4_partial: `partial_rollout_tokens: 25`). Its figures: steps per hour of
+  each against k1 and sync, the completion tokens trained per second against the server's
+  full-batch rate (32 completions of 100 tokens in one request, asked directly), the case's
+  length distribution (256 completions asked directly), the trainers' busy share, the
+  staleness and the share of completions made under two policies. `--cases` picks cases.
 `--replicas 2` serves from two engines behind one URL (`vllm_data_parallel_size`: each engine
 its own process, vLLM's mp executor, unpinned): it shows async against replicas (staleness,
 what is made ahead), not their speed, as two engines on two cores only share them.
@@ -73,11 +81,12 @@ CASES = {
     "balanced": {"max_completion_length": 16},
     "short": {"max_completion_length": 8},
     "oversample": {"oversample_factor": 2.0},
-    # Heavy-tailed lengths: 11 of the tiny model's 384 tokens end a completion, so lengths are
-    # about geometric (median ~24 of 100, ~5 % reach 100; the run's figures say what they were).
+    # Heavy-tailed lengths: 8 of the tiny model's 384 tokens end a completion, so lengths are
+    # about geometric (11 gave a median of 16.5 of 100 and 1.6 % at 100: too thin a tail; the
+    # run's figures say what these gave).
     "longtail": {
         "max_completion_length": LONG,
-        "generation_kwargs": {"stop_token_ids": list(range(100, 111))},
+        "generation_kwargs": {"stop_token_ids": list(range(100, 108))},
     },
 }
 SIDES = {"sync": {"async_generation": False}, "async": {"async_generation": True}}
@@ -296,7 +305,7 @@ def case_figures(case: str, runs: dict[str, list[dict]]) -> list[dict]:
 def server_rates(url: str, model: str, sequences: int, stop_ids: list[int]) -> dict:
     """The server's limit and the case's shape, asked directly: generated tokens/s with
     `sequences` completions all `LONG` tokens long in one batch (its full-batch rate), and the
-    lengths of 64 completions with the case's stop tokens (median, share reaching LONG)."""
+    lengths of 256 completions with the case's stop tokens (median, share reaching LONG)."""
     import requests
 
     from maxent_grpo.server_auth import auth_headers
@@ -316,7 +325,7 @@ def server_rates(url: str, model: str, sequences: int, stop_ids: list[int]) -> d
         started = time.monotonic()
         made = sum(ask(sequences, min_tokens=LONG, ignore_eos=True))
         rates.append(made / (time.monotonic() - started))
-    lengths = sorted(ask(64, stop_token_ids=stop_ids))
+    lengths = sorted(ask(256, stop_token_ids=stop_ids))
     return {
         "full_batch_tokens_per_s": statistics.median(rates),
         "median_length": statistics.median(lengths),
@@ -335,7 +344,7 @@ def deep_figures(case: str, runs: dict[str, list[dict]], rates: dict) -> list[di
     best = middle("k4_partial", "tokens_per_s")
     return [
         figure(
-            f"{case}: completion lengths, median of 64",
+            f"{case}: completion lengths, median of 256",
             rates["median_length"],
             "tokens",
             target=LONG / 4,
