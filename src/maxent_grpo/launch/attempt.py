@@ -419,7 +419,7 @@ class Attempt:
             self.reward_server.wait_until_healthy(cancelled=lambda: self.stop_signal)
         env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(STOP_DRAIN_S), **environ}
         env.update({**plan.train.env, "PYTHONUNBUFFERED": "1"})
-        health = tuple(s.health_url for s in plan.servers)  # every server: any answering will do
+        health = tuple(url for server in self.servers() for url in server.hang_urls)
         watchdog = Watchdog(
             heartbeat_dir(self.output_dir),
             plan.train.num_processes,

@@ -2,7 +2,8 @@
 
 A server of any kind (launch/server.py's vLLM server, launch/server_group.py's servers of
 vllm_nodes > 1, launch/reward_server.py's reward-model server) is watched through one
-interface, `Server`: the loop asks each the same questions and has no branch for a kind.
+interface, `Server`: the loop asks each the same questions and has no branch for a kind, and
+the watchdog probes the /health URLs each names as its own (`hang_urls`).
 What a kind's loss means (which outcome field, whether a stop signal excuses it) is the
 kind's own answer to `lost`. The hang policy is launch/hang.py, its probing
 launch/watchdog.py, the stack dumps launch/stacks.py.
@@ -34,6 +35,10 @@ class Server(Protocol):
     name: str  # how the stop lines name it: "vLLM server"
     without: str  # why training stops when it is lost: "it cannot generate without the server"
     lost_as: str  # the Watched field that carries its loss
+    # The /health URLs whose silence is a hang (launch/watchdog.py probes them, launch/hang.py
+    # judges): a vLLM server's; none for the reward-model server, whose clients' bounded
+    # retries fail the step within seconds of its silence.
+    hang_urls: tuple[str, ...]
 
     def remember(self) -> None:
         """Look at the process trees (a child remembers every process it saw)."""
