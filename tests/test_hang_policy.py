@@ -120,6 +120,18 @@ def test_the_loop_watches_any_server_through_the_one_interface(tmp_path, capsys)
     assert watch_training(quiet, (Fake(None),), None, poll=0.05).server_died is None
 
 
+def test_the_loop_says_once_when_every_server_answered(tmp_path):
+    servers, answered = (Fake(None), Fake(None)), []
+    trainer = Child("train", ["sleep", "1"], tmp_path / "t.log")
+    watch_training(
+        trainer, servers, None, poll=0.05, on_started=lambda: answered.append(servers[0].polls)
+    )
+    assert answered == [3]  # once, at the poll where both answered first (their third)
+    early = Child("train", ["true"], tmp_path / "e.log")  # exits before any server answers
+    watch_training(early, (Fake(None),), None, poll=0.5, on_started=lambda: answered.append(0))
+    assert answered == [3]
+
+
 def test_each_kind_of_server_names_the_health_urls_whose_silence_is_a_hang(tmp_path):
     def vllm(port: int) -> ServerPlan:
         return ServerPlan("127.0.0.1", (), port, 0, ("true",), {}, "cpu", "disk", 30.0)

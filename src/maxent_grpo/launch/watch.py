@@ -92,6 +92,7 @@ def watch_training(
     poll: float = 1.0,
     cancelled: Callable[[], int | None] = lambda: None,
     crash_grace: float = CRASH_GRACE_S,
+    on_started: Callable[[], object] = lambda: None,
 ) -> Watched:
     """Wait for training to exit, watching the servers' start-up, hangs, lost servers and
     crashed ranks.
@@ -102,7 +103,7 @@ def watch_training(
     and raises ServerError, a stop signal (`cancelled()`) stops training and raises
     ServerWaitCancelled. After that, a lost server stops training at once; a hang returns at
     once (the caller dumps stacks and stops everything); ranks that outlive a crashed one
-    `crash_grace` s are stopped.
+    `crash_grace` s are stopped. on_started: called once, when every server answered.
     """
     crashed_at, started = None, False
     while trainer.poll() is None:
@@ -111,6 +112,8 @@ def watch_training(
             server.remember()
         if not started:
             started = _started(trainer, servers, watchdog, cancelled)
+            if started:
+                on_started()
         lost = _lost(servers, cancelled() is not None, exited=False)
         if lost is not None:
             server, message = lost
