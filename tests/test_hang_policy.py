@@ -16,7 +16,11 @@ from maxent_grpo.launch.hang import (
     Seen,
     find_hang,
 )
+from maxent_grpo.launch.plan import RewardModelPlan, ServerPlan
 from maxent_grpo.launch.processes import Child
+from maxent_grpo.launch.reward_server import RewardModelServer
+from maxent_grpo.launch.server import VLLMServer
+from maxent_grpo.launch.server_group import ServerGroup
 from maxent_grpo.launch.watch import watch_training
 
 
@@ -114,3 +118,27 @@ def test_the_loop_watches_any_server_through_the_one_interface(tmp_path, capsys)
     assert "error: fake server gone\nstopping training: it cannot work without the fake" in out
     quiet = Child("train", ["true"], tmp_path / "q.log")
     assert watch_training(quiet, (Fake(None),), None, poll=0.05).server_died is None
+
+
+def test_the_loop_says_once_when_every_server_answered(tmp_path):
+    servers, answered = (Fake(None), Fake(None)), []
+    trainer = Child("train", ["sleep", "1"], tmp_path / "t.log")
+    watch_training(
+        trainer, servers, None, poll=0.05, on_started=lambda: answered.append(servers[0].polls)
+    )
+    assert answered == [3]  # once, at the poll where both answered first (their third)
+    early = Child("train", ["true"], tmp_path / "e.log")  # exits before any server answers
+    watch_training(early, (Fake(None),), None, poll=0.5, on_started=lambda: answered.append(0))
+    assert answered == [3]
+
+
+def test_each_kind_of_server_names_the_health_urls_whose_silence_is_a_hang(tmp_path):
+    def vllm(port: int) -> ServerPlan:
+        return ServerPlan("127.0.0.1", (), port, 0, ("true",), {}, "cpu", "disk", 30.0)
+
+    one = VLLMServer(vllm(8001), tmp_path / "v.log", {})
+    assert one.hang_urls == ("http://127.0.0.1:8001/health",)
+    group = ServerGroup((vllm(8001), vllm(8002)), tmp_path / "g.log", {})
+    assert group.hang_urls == ("http://127.0.0.1:8001/health", "http://127.0.0.1:8002/health")
+    reward = RewardModelPlan("127.0.0.1", (), 9, "m", ("true",), {}, 30.0)
+    assert RewardModelServer(reward, tmp_path / "r.log", {}).hang_urls == ()

@@ -186,74 +186,87 @@ def check_recipe(recipe: Recipe) -> Recipe:
     Every rule runs (a rule whose section could not be built is skipped) and the problems are
     raised together (recipe/problems.py).
     """
-    from maxent_grpo.data import parse_mixture  # imports datasets: seconds
-
     script, training = recipe.script, recipe.training
-    rl = recipe.method in RL_METHODS  # SFT has no rewards, reference, benchmarks or server
     with collecting(recipe.path) as problems:
-        mixture, resolved, notes = None, Resolved([], [], None), []
-        if script is not None:
-            with problems.check("dataset_mixture"):
-                mixture = parse_mixture(script.dataset_mixture, "recipe")
-        if recipe.model is not None:
-            with problems.check("model_name_or_path"):
-                check_model_path(recipe.model.model_name_or_path)
-        if rl and script is not None and training is not None:
-            with problems.check("reward_funcs", "reward_weights"):
-                resolved = check_rewards(script, training)
-                notes += _reward_note(script, resolved.environment)
-        if recipe.launch is not None:
-            with problems.check("accelerate_config"):
-                check_launch(recipe.launch)
-        if script is not None:
-            from maxent_grpo.data import check_prompt_template  # imports datasets
-
-            try:
-                check_prompt_template(script)
-            except DataError as exc:  # data/'s one-line error, one problem among the others
-                problems.add_error(exc, ["prompt_template"])
-        if rl and training is not None and not problems.failed("model_name_or_path"):
-            with problems.check(REFERENCE):
-                check_reference_model(training, recipe.model)
-        if script is not None and not problems.failed("dataset_mixture"):
-            try:
-                _check_columns(script, mixture)
-            except DataError as exc:  # one problem: the rules below still run
-                problems.add_error(exc, ["dataset_name", "dataset_prompt_column"])
-        if (
-            rl
-            and None not in (script, training, recipe.model)
-            and not problems.failed(
-                "dataset_name", "dataset_mixture", "reward_funcs", "model_name_or_path"
-            )
-        ):
-            with problems.check("vllm_max_model_length"):
-                parsed = dataclasses.replace(script, dataset_mixture=mixture)
-                tools, environment = resolved.tools, resolved.environment
-                notes += check_context(parsed, training, recipe.model, tools, environment)
-        if rl and script is not None and not problems.failed("dataset_name", "dataset_mixture"):
-            with problems.check("reward_funcs"):
-                notes += _unjudged_note(dataclasses.replace(script, dataset_mixture=mixture))
-        if rl and script is not None and training is not None:
-            with problems.check("benchmarks"):
-                check_benchmarks(script, training)
-        if rl and script is not None and training is not None:
-            with problems.check("rollout_func"):  # with the script's tools and environment
-                check_rollout_func(training, script)
-        if training is not None:
-            with problems.check("output_dir"):
-                check_output_dir(training.output_dir)
-        if rl and training is not None and recipe.model is not None:
-            # the rules across training and model keys (recipe/rules.py; the training
-            # section's own ran when it was built)
-            with problems.check("use_peft"):
-                check_model_rules(training, recipe.model)
+        mixture, resolved, notes = _check_inputs(recipe, problems)
+        notes += _check_uses(recipe, problems, mixture, resolved)
     if script is None:  # not built (its problems are collected outside): nothing to replace
         return recipe
     script = dataclasses.replace(script, dataset_mixture=mixture)
-    resolved = resolved if rl and training is not None else None
+    resolved = resolved if recipe.method in RL_METHODS and training is not None else None
     notes = (*recipe.notes, *notes)
     return dataclasses.replace(recipe, script=script, notes=notes, resolved=resolved)
+
+
+def _check_inputs(recipe: Recipe, problems) -> tuple[Any, Resolved, list[str]]:
+    """What the recipe names resolves: its mixture, model, rewards, accelerate config, prompt
+    template, reference model and data columns. Returns the parsed mixture (None when it
+    failed or there is none), what check_rewards resolved and `check`'s notes."""
+    from maxent_grpo.data import check_prompt_template, parse_mixture  # imports datasets
+
+    script, training = recipe.script, recipe.training
+    rl = recipe.method in RL_METHODS  # SFT has no rewards, reference, benchmarks or server
+    mixture, resolved, notes = None, Resolved([], [], None), []
+    if script is not None:
+        with problems.check("dataset_mixture"):
+            mixture = parse_mixture(script.dataset_mixture, "recipe")
+    if recipe.model is not None:
+        with problems.check("model_name_or_path"):
+            check_model_path(recipe.model.model_name_or_path)
+    if rl and script is not None and training is not None:
+        with problems.check("reward_funcs", "reward_weights"):
+            resolved = check_rewards(script, training)
+            notes += _reward_note(script, resolved.environment)
+    if recipe.launch is not None:
+        with problems.check("accelerate_config"):
+            check_launch(recipe.launch)
+    if script is not None:
+        try:
+            check_prompt_template(script)
+        except DataError as exc:  # data/'s one-line error, one problem among the others
+            problems.add_error(exc, ["prompt_template"])
+    if rl and training is not None and not problems.failed("model_name_or_path"):
+        with problems.check(REFERENCE):
+            check_reference_model(training, recipe.model)
+    if script is not None and not problems.failed("dataset_mixture"):
+        try:
+            _check_columns(script, mixture)
+        except DataError as exc:  # one problem: the rules below still run
+            problems.add_error(exc, ["dataset_name", "dataset_prompt_column"])
+    return mixture, resolved, notes
+
+
+def _check_uses(recipe: Recipe, problems, mixture, resolved: Resolved) -> list[str]:
+    """The rules over what _check_inputs resolved, each skipped when what it reads failed:
+    the prompts fit the context, the unjudged code rows, the benchmarks, the rollout
+    function, the output_dir, the rules across training and model keys. Returns notes."""
+    script, training, model = recipe.script, recipe.training, recipe.model
+    rl = recipe.method in RL_METHODS
+    notes = []
+    data_failed = problems.failed("dataset_name", "dataset_mixture")
+    if rl and None not in (script, training, model):
+        if not data_failed and not problems.failed("reward_funcs", "model_name_or_path"):
+            with problems.check("vllm_max_model_length"):
+                parsed = dataclasses.replace(script, dataset_mixture=mixture)
+                tools, environment = resolved.tools, resolved.environment
+                notes += check_context(parsed, training, model, tools, environment)
+    if rl and script is not None and not data_failed:
+        with problems.check("reward_funcs"):
+            notes += _unjudged_note(dataclasses.replace(script, dataset_mixture=mixture))
+    if rl and script is not None and training is not None:
+        with problems.check("benchmarks"):
+            check_benchmarks(script, training)
+        with problems.check("rollout_func"):  # with the script's tools and environment
+            check_rollout_func(training, script)
+    if training is not None:
+        with problems.check("output_dir"):
+            check_output_dir(training.output_dir)
+    if rl and training is not None and model is not None:
+        # the rules across training and model keys (recipe/rules.py; the training
+        # section's own ran when it was built)
+        with problems.check("use_peft"):
+            check_model_rules(training, model)
+    return notes
 
 
 def _reward_note(script_args, environment) -> list[str]:

@@ -21,20 +21,24 @@ import yaml
 
 from maxent_grpo.errors import EXIT_USER_ERROR, UserError
 from maxent_grpo.faults import failpoint
+from maxent_grpo.launch import attempt_phase as phase
 from maxent_grpo.launch.attempt_phase import (
-    FINISHING,
+    CHECKPOINT,
     FORCE,
     NOTE,
-    RUNNING,
+    PREPARING,
+    STOP_ASKED,
     STOP_NOW,
-    STOPPING,
     asks_about_nodes,
-    on_signal,
+    signal_event,
+    transition,
 )
 from maxent_grpo.launch.finish import Ending
 from maxent_grpo.launch.init_from import with_init
 from maxent_grpo.launch.launcher import Prepared, RunRequest, prepare
 from maxent_grpo.launch.outcomes import (
+    STOP_CLASSES,
+    Outcome,
     crash_outcome,
     log_tail,
     node_failed,
@@ -114,7 +118,7 @@ def log_path(logs_dir: Path, run_name: str, role: str, environ=os.environ) -> Pa
 
 class _Signals:
     """Route SIGUSR1/SIGTERM/SIGINT to the attempt while it runs: what each does in each of
-    the attempt's phases is launch/attempt_phase.py's table; here, its effects."""
+    the attempt's states is launch/attempt_phase.py's table; here, its effects."""
 
     HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
@@ -128,10 +132,13 @@ class _Signals:
         return self
 
     def _handle(self, signum, _frame):
+        attempt = self.attempt
+        failed = asks_about_nodes(attempt.state, signum) and attempt.node_failed()
+        for action in attempt.move(signal_event(signum, failed)):
+            self._do(action, signum)
+
+    def _do(self, action: str, signum: int) -> None:
         attempt, name = self.attempt, signal.Signals(signum).name
-        phase = attempt.phase
-        failed = asks_about_nodes(phase, signum) and attempt.node_failed()
-        action, _ = on_signal(phase, signum, failed)
         if action == NOTE:  # training is over: nothing to checkpoint or stop
             print(f"{name} received after training ended", flush=True)
             attempt.late_signal = signum
@@ -156,9 +163,16 @@ class _Signals:
             signal.signal(signum, handler)
 
 
+# Held while the state changes (the stop signals and submitit's checkpoint signal), so that a
+# handler's own transition cannot fall between the read of the state and its write.
+_HELD_SIGNALS = {*_Signals.HANDLED, signal.SIGUSR2}
+
+
 class Attempt:
     """One attempt of a training run in this allocation: run() returns the exit code.
 
+    Its flow is launch/attempt_phase.py's table: `state` moves only by `move(event)`, and the
+    methods below carry out the actions the table names (one method per action, ACTIONS).
     requeue_on_stop: after a graceful stop under Slurm, `scontrol requeue` this job (or
     array task). The submitit launcher turns it off for the stops submitit asks for (it
     requeues those by itself).
@@ -169,11 +183,11 @@ class Attempt:
         self.request = request
         self.environ = environ
         self.requeue_on_stop = requeue_on_stop
+        self.state = PREPARING
         self.ending: Ending | None = None  # launch/finish.py's, once output_dir is known
         self.job = slurm_job(environ)
         self.stop_reason: str | None = None
         self.stop_signal: int | None = None
-        self.finishing = False  # training is over; the outcome is being recorded
         self.late_signal: int | None = None  # a stop signal that came while finishing
         self.forced: str | None = None  # the repeated signal that stopped everything at once
         self.output_dir: Path | None = None
@@ -181,19 +195,31 @@ class Attempt:
         self.trainer: Child | None = None
         self.server = None
         self.reward_server = None  # reward_model_gpus: launch/reward_server.py
+        # What the actions hand each other along the flow.
+        self.marker: Path | None = None  # the array's user-error marker (launch/slurm.py)
+        self.prepared: Prepared | None = None
+        self.previous: dict | None = None  # the previous attempt's outcome
+        self.watched = Watched(None)  # how the wait for training ended
+        self.error: UserError | None = None  # the user error, or the server killed at start
+        self.outcome: Outcome | None = None
+        self.code: int | None = None  # the exit code
+        self.run_name = ""
+        self._started_at = 0.0
 
     @property
     def requeued(self) -> bool:
         """Whether the job runs again (Slurm requeued it, or accepted our requeue)."""
         return self.ending is not None and self.ending.requeued
 
-    @property
-    def phase(self) -> str:
-        """The phase of launch/attempt_phase.py's table (finishing once training is over,
-        stopping once a stop was asked, running before)."""
-        if self.finishing:
-            return FINISHING
-        return STOPPING if self.stop_reason is not None else RUNNING
+    def move(self, event: str) -> tuple[str, ...]:
+        """Take the table's transition for `event`; returns the actions it names. The stop
+        signals are held meanwhile: a handler's own move then cannot be overwritten."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+        try:
+            self.state, actions = transition(self.state, event)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        return actions
 
     def request_stop(self, reason: str, signum: int | None = None) -> None:
         """Graceful stop: the trainers save a complete checkpoint and exit."""
@@ -207,6 +233,11 @@ class Attempt:
                 print(f"warning: cannot write the stop request: {exc}", flush=True)
             if first:
                 emit(self.output_dir, "stop_request", reason=reason)
+
+    def ask_stop(self, reason: str, signum: int | None = None) -> None:
+        """A graceful stop asked in this process (a signal before the handlers, submitit)."""
+        if CHECKPOINT in self.move(STOP_ASKED):
+            self.request_stop(reason, signum)
 
     def abort(self, grace: float = 5) -> None:
         """Immediate stop: every process of the run, now."""
@@ -222,7 +253,7 @@ class Attempt:
 
     def stop_gracefully(self, reason: str, timeout: float) -> None:
         """Ask for a checkpoint, wait up to `timeout` s for the trainers, then stop all."""
-        self.request_stop(reason)
+        self.ask_stop(reason)
         # The whole tree: workers may outlive accelerate's launcher while they save.
         if self.trainer is not None and not self.trainer.wait_group(timeout, poll=0.5):
             print(f"trainers still running after {timeout:g}s; stopping them", flush=True)
@@ -233,8 +264,35 @@ class Attempt:
         (read once the attempt's own handlers are set, so none falls between the two)."""
         with _Signals(self):
             for signum in early_signals:
-                self.request_stop(f"{signal.Signals(signum).name} received", signum)
-            return self._run()
+                self.ask_stop(f"{signal.Signals(signum).name} received", signum)
+            self._drive(self._prepare_run())
+            return self.code
+
+    def _drive(self, event: str | None) -> None:
+        """Move through the table from `event` until no action names a next event (a
+        terminal state): each action's method may return the event that it ended with."""
+        while event is not None:
+            actions, event = self.move(event), None
+            for action in actions:
+                event = getattr(self, ACTIONS[action])() or event
+
+    def _prepare_run(self) -> str:
+        """The preparing state's work; returns the event it ends with."""
+        self.marker = user_error_marker(self.request.logs_dir, self.job)
+        if self.marker is not None and self.marker.is_file():
+            return phase.MARKED_FAILED  # an earlier task of this array failed for good
+        try:
+            recorded = self._recorded_settings()
+            self.prepared = self._prepare(self.marker)
+            self.output_dir = Path(self.prepared.keys.output_dir)
+            self.ending = Ending(
+                self.job, self.output_dir, self.requeue_on_stop, lambda: self.late_signal
+            )
+            self._check_resume(self.prepared.keys, recorded)
+        except UserError as exc:
+            self.error = exc
+            return phase.REFUSED
+        return phase.ALREADY_COMPLETE if run_is_complete(self.output_dir) else phase.PREPARED
 
     def _prepare(self, marker: Path | None) -> Prepared:
         """prepare(), leaving a user error where later attempts and `maxent-grpo runs` see it.
@@ -260,73 +318,95 @@ class Attempt:
                 log.write(f"error: {exc}\n")
             raise
 
-    def _run(self) -> int:
-        marker = user_error_marker(self.request.logs_dir, self.job)
-        if marker is not None and marker.is_file():
-            # An earlier task of this array failed for good: retrying cannot fix it.
-            print(f"error: {marker.read_text().strip()}", file=sys.stderr)
-            return EXIT_USER_ERROR
-        recorded = self._recorded_settings()
-        prepared = self._prepare(marker)
-        recipe, plan = prepared.keys, prepared.plan
-        self.output_dir = Path(recipe.output_dir)
-        self.ending = Ending(
-            self.job, self.output_dir, self.requeue_on_stop, lambda: self.late_signal
-        )
-        self._check_resume(recipe, recorded)
-        if run_is_complete(self.output_dir):
-            print(f"{self.output_dir} already holds a completed run; nothing to do.")
-            return 0
+    def _say_marked(self) -> None:
+        # Retrying cannot fix it: the same line, exit 2.
+        print(f"error: {self.marker.read_text().strip()}", file=sys.stderr)
+        self.code = EXIT_USER_ERROR
+
+    def _say_complete(self) -> None:
+        print(f"{self.output_dir} already holds a completed run; nothing to do.")
+        self.code = 0
+
+    def _refuse(self) -> None:
+        raise self.error
+
+    def _begin(self) -> None:
+        """The last attempt's stop request and heartbeats go; this one's start is recorded."""
         clear_stop_request(self.output_dir)  # a request from the previous attempt
         clear_heartbeats(self.output_dir)  # and its heartbeats and exit reports
-        previous = previous_outcome(self.output_dir)
-        self._emit_start(recipe, plan)
+        self.previous = previous_outcome(self.output_dir)
+        self._emit_start(self.prepared.keys, self.prepared.plan)
         if self.init_from is not None:
             source, path = self.init_from
             print(f"init_from {source}: starting from {path}", flush=True)
             emit(self.output_dir, "init_from", source=source, path=str(path))
-        if self.stop_reason is not None:
-            request_stop(self.output_dir, self.stop_reason)
-            emit(self.output_dir, "stop_request", reason=self.stop_reason)
+        print(self.prepared.describe(), flush=True)
+        self.run_name = self.request.run_name or self.output_dir.name
+        self.train_log = log_path(self.request.logs_dir, self.run_name, "train", self.environ)
+        self._started_at = time.monotonic()
 
-        print(prepared.describe(), flush=True)
-        run_name = self.request.run_name or self.output_dir.name
-        train_log = log_path(self.request.logs_dir, run_name, "train", self.environ)
-        self.train_log = train_log
-        started = time.monotonic()
-        watched, killed = Watched(None), None
+    def _record_stop(self) -> None:
+        """The stop asked while preparing, written again now that _begin cleared the last
+        attempt's stop request and recorded this attempt's start."""
+        request_stop(self.output_dir, self.stop_reason)
+        emit(self.output_dir, "stop_request", reason=self.stop_reason)
+
+    def _start(self) -> str:
+        """Start the servers and trainers and watch them; the event their end is."""
         try:
-            watched = self._start_and_wait(recipe, plan, run_name, train_log)
+            self.watched = self._start_and_wait(self.prepared.keys, self.prepared.plan)
         except ServerWaitCancelled as exc:
             print(f"stopped: {exc}", flush=True)
+            return phase.START_CANCELLED
         except UserError as exc:
+            self.error = exc
             if isinstance(exc, ServerError) and exc.outcome != "user_error":
-                killed = exc  # a server killed while starting: retried, not the recipe's fault
-            else:
-                self.ending.emit_outcome("user_error", str(exc), EXIT_USER_ERROR)
-                raise
-        finally:
-            self._end_processes(watched, train_log)
-        if killed is not None:
-            print(f"error: {killed}", file=sys.stderr, flush=True)
-            outcome = crash_outcome(str(killed), previous, killed.outcome)
-            return self._end(outcome, recipe.max_requeues, marker)
-        elapsed = time.monotonic() - started
+                return phase.SERVER_KILLED  # killed while starting: retried, not the recipe's
+            return phase.START_REFUSED
+        except BaseException:  # not an event of the table: stop what runs, then say it
+            self._end_processes()
+            raise
+        watched = self.watched
+        if watched.hang is not None:
+            return phase.HANG
+        if watched.server_died or watched.reward_server_died:
+            return phase.SERVER_LOST
+        return phase.TRAINERS_EXITED
+
+    def _record_user_error(self) -> None:
+        self.ending.emit_outcome("user_error", str(self.error), EXIT_USER_ERROR)
+
+    def _give_up(self) -> str:
+        return phase.REFUSED
+
+    def _classify(self) -> str:
+        elapsed = time.monotonic() - self._started_at
         if self.forced:  # the exit code is the kill's, not a failure of training
             print(f"training stopped by the second {self.forced} after {elapsed:.1f}s")
         else:
-            print(f"training exited with code {watched.code} after {elapsed:.1f}s")
-        print(f"log: {train_log}")
-        outcome, self.stop_reason = self.ending.classify(
-            watched, previous, train_log, self.stop_reason, self.stop_signal
+            print(f"training exited with code {self.watched.code} after {elapsed:.1f}s")
+        print(f"log: {self.train_log}")
+        self.outcome, self.stop_reason = self.ending.classify(
+            self.watched, self.previous, self.train_log, self.stop_reason, self.stop_signal
         )
-        return self._end(outcome, recipe.max_requeues, marker)
+        return phase.CLASSIFIED
 
-    def _end(self, outcome, max_requeues: int, marker: Path | None) -> int:
-        """From here a signal is only noted (the finishing phase): the outcome is recorded,
-        and the job requeued or the failure remembered (launch/finish.py)."""
-        self.finishing = True
-        return self.ending.finish(outcome, max_requeues, marker, self.stop_reason)
+    def _classify_crash(self) -> str:
+        killed = self.error
+        print(f"error: {killed}", file=sys.stderr, flush=True)
+        self.outcome = crash_outcome(str(killed), self.previous, killed.outcome)
+        return phase.CLASSIFIED
+
+    def _finish(self) -> str:
+        """Record the outcome; the job requeued or the failure remembered (launch/finish.py).
+        Returns what it did, as the table's event."""
+        outcome, max_requeues = self.outcome, self.prepared.keys.max_requeues
+        self.code = self.ending.finish(outcome, max_requeues, self.marker, self.stop_reason)
+        if outcome.kind == "completed":
+            return phase.RUN_COMPLETED
+        if self.ending.requeued:
+            return phase.JOB_REQUEUED
+        return phase.RUN_STOPPED if outcome.kind in STOP_CLASSES else phase.RUN_FAILED
 
     def _recorded_settings(self) -> RunSettings | None:
         """The settings this run started with; their overrides go under this request's."""
@@ -394,7 +474,7 @@ class Attempt:
             server=server and {"node": server.node, "port": server.port, "device": server.device},
         )
 
-    def _start_and_wait(self, recipe, plan: Plan, run_name: str, train_log: Path) -> Watched:
+    def _start_and_wait(self, recipe, plan: Plan) -> Watched:
         # The recipe's env: block reaches the run's processes, under the plan's own variables;
         # a fresh token per attempt, which every server started below asks its clients for.
         environ = with_token({**self.environ, **recipe.env}, new_token())
@@ -402,10 +482,12 @@ class Attempt:
             return Watched(None)
         crash_grace = crash_grace_s(environ)  # a bad value stops here, before any process
         if plan.reward_model is not None:  # waited for below, while vLLM boots beside it
-            reward_log = log_path(self.request.logs_dir, run_name, "reward_model", self.environ)
+            reward_log = log_path(
+                self.request.logs_dir, self.run_name, "reward_model", self.environ
+            )
             self.reward_server = RewardModelServer(plan.reward_model, reward_log, environ).start()
         if plan.server is not None:
-            server_log = log_path(self.request.logs_dir, run_name, "vllm", self.environ)
+            server_log = log_path(self.request.logs_dir, self.run_name, "vllm", self.environ)
             # PYTHONFAULTHANDLER: a hang's SIGABRT prints the server's stacks (stacks.py).
             server_env = {"PYTHONFAULTHANDLER": "1", **server_environ(environ)}
             # Not waited for here: the trainers load the model and data while it boots, and
@@ -419,37 +501,57 @@ class Attempt:
             self.reward_server.wait_until_healthy(cancelled=lambda: self.stop_signal)
         env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(STOP_DRAIN_S), **environ}
         env.update({**plan.train.env, "PYTHONUNBUFFERED": "1"})
-        health = tuple(s.health_url for s in plan.servers)  # every server: any answering will do
+        health = tuple(url for server in self.servers() for url in server.hang_urls)
         watchdog = Watchdog(
             heartbeat_dir(self.output_dir),
             plan.train.num_processes,
             recipe.launch.hang_timeout,
             health,
         )
-        self.trainer = Child("train", plan.train.command, train_log, env=env, echo=True)
+        self.trainer = Child("train", plan.train.command, self.train_log, env=env, echo=True)
         return watch_training(
             self.trainer,
             self.servers(),
             watchdog,
             cancelled=lambda: self.stop_signal,
             crash_grace=crash_grace,
+            on_started=lambda: self.move(phase.SERVERS_UP),
         )
 
     def servers(self) -> tuple:
         """The run's servers that were started: launch/watch.py Servers."""
         return tuple(s for s in (self.server, self.reward_server) if s is not None)
 
-    def _end_processes(self, watched: Watched, train_log: Path) -> None:
-        """Stop whatever of the run is left; after a stop request, first let the trainers
-        finish their checkpoint (they may outlive accelerate's launcher after a SIGTERM)."""
+    def _end_processes(self) -> None:
+        """Stop whatever of the run is left; after a hang, first dump every stack; after a
+        stop request, first let the trainers finish their checkpoint (they may outlive
+        accelerate's launcher after a SIGTERM)."""
         failpoint("teardown")
-        if watched.hang is not None:
+        if self.watched.hang is not None:
             beats = heartbeat_dir(self.output_dir)
-            stop_hung(watched.hang, self.trainer, self.servers(), train_log, beats)
+            stop_hung(self.watched.hang, self.trainer, self.servers(), self.train_log, beats)
         elif self.trainer is not None and (self.stop_reason or stop_requested(self.output_dir)):
             if not self.trainer.wait_group(STOP_DRAIN_S):
                 print(f"trainers still running {STOP_DRAIN_S}s after the stop; stopping them")
         self.abort()
+
+
+# The method that carries out each action of launch/attempt_phase.py's table (the signal
+# actions are _Signals'); a method may return the event it ended with.
+ACTIONS = {
+    phase.SAY_MARKED: "_say_marked",
+    phase.SAY_COMPLETE: "_say_complete",
+    phase.REFUSE: "_refuse",
+    phase.BEGIN: "_begin",
+    phase.RECORD_STOP: "_record_stop",
+    phase.START: "_start",
+    phase.RECORD_USER_ERROR: "_record_user_error",
+    phase.GIVE_UP: "_give_up",
+    phase.END_PROCESSES: "_end_processes",
+    phase.CLASSIFY: "_classify",
+    phase.CLASSIFY_CRASH: "_classify_crash",
+    phase.FINISH: "_finish",
+}
 
 
 def run_attempt(request: RunRequest, environ=os.environ, early_signals=()) -> int:

@@ -44,6 +44,7 @@ class RewardModelServer:
     name = "reward model server"
     without = "it cannot score without the reward model server"
     lost_as = "reward_server_died"
+    hang_urls = ()  # a silent server fails its clients' bounded retries: their crash says it
 
     def __init__(self, plan: RewardModelPlan, log_path: Path, environ: Mapping[str, str]):
         self.plan, self.log_path = plan, Path(log_path)

@@ -51,6 +51,11 @@ class VLLMServer:
         return self
 
     @property
+    def hang_urls(self) -> tuple[str, ...]:
+        """Its /health, whose silence past the limit is a hang (launch/hang.py)."""
+        return (self.plan.health_url,)
+
+    @property
     def pid(self) -> int:
         assert self.child is not None
         return self.child.pid

@@ -78,6 +78,11 @@ class ServerGroup:
         self.healthy_after: float | None = None  # every server answered, seconds from start
         self._start = time.monotonic()
 
+    @property
+    def hang_urls(self) -> tuple[str, ...]:
+        """Every server's /health: the run can generate while any answers (launch/hang.py)."""
+        return tuple(url for server in self.servers for url in server.hang_urls)
+
     def _log(self, index: int, restart: int) -> Path:
         """Server 0 keeps the run's vLLM log name; the others (and restarts) get their own."""
         suffix = (f"-server{index}" if index else "") + (f"-restart{restart}" if restart else "")

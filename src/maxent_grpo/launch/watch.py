@@ -2,7 +2,8 @@
 
 A server of any kind (launch/server.py's vLLM server, launch/server_group.py's servers of
 vllm_nodes > 1, launch/reward_server.py's reward-model server) is watched through one
-interface, `Server`: the loop asks each the same questions and has no branch for a kind.
+interface, `Server`: the loop asks each the same questions and has no branch for a kind, and
+the watchdog probes the /health URLs each names as its own (`hang_urls`).
 What a kind's loss means (which outcome field, whether a stop signal excuses it) is the
 kind's own answer to `lost`. The hang policy is launch/hang.py, its probing
 launch/watchdog.py, the stack dumps launch/stacks.py.
@@ -34,6 +35,10 @@ class Server(Protocol):
     name: str  # how the stop lines name it: "vLLM server"
     without: str  # why training stops when it is lost: "it cannot generate without the server"
     lost_as: str  # the Watched field that carries its loss
+    # The /health URLs whose silence is a hang (launch/watchdog.py probes them, launch/hang.py
+    # judges): a vLLM server's; none for the reward-model server, whose clients' bounded
+    # retries fail the step within seconds of its silence.
+    hang_urls: tuple[str, ...]
 
     def remember(self) -> None:
         """Look at the process trees (a child remembers every process it saw)."""
@@ -87,6 +92,7 @@ def watch_training(
     poll: float = 1.0,
     cancelled: Callable[[], int | None] = lambda: None,
     crash_grace: float = CRASH_GRACE_S,
+    on_started: Callable[[], object] = lambda: None,
 ) -> Watched:
     """Wait for training to exit, watching the servers' start-up, hangs, lost servers and
     crashed ranks.
@@ -97,7 +103,7 @@ def watch_training(
     and raises ServerError, a stop signal (`cancelled()`) stops training and raises
     ServerWaitCancelled. After that, a lost server stops training at once; a hang returns at
     once (the caller dumps stacks and stops everything); ranks that outlive a crashed one
-    `crash_grace` s are stopped.
+    `crash_grace` s are stopped. on_started: called once, when every server answered.
     """
     crashed_at, started = None, False
     while trainer.poll() is None:
@@ -106,6 +112,8 @@ def watch_training(
             server.remember()
         if not started:
             started = _started(trainer, servers, watchdog, cancelled)
+            if started:
+                on_started()
         lost = _lost(servers, cancelled() is not None, exited=False)
         if lost is not None:
             server, message = lost
