@@ -37,7 +37,7 @@ CACHES = (
 
 
 def _cache(path: str) -> bool:
-    return path.startswith(CACHES) or "__pycache__/" in path or path.endswith(".egg-info/")
+    return path.startswith(CACHES) or "__pycache__/" in path or ".egg-info/" in path
 
 
 def checkout() -> Path:
