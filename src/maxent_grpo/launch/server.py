@@ -52,7 +52,7 @@ class VLLMServer:
 
     @property
     def hang_urls(self) -> tuple[str, ...]:
-        """Its /health, whose silence past the limit is a hang (launch/hang.py)."""
+        """The /health URL whose silence past the limit is a hang (launch/hang.py)."""
         return (self.plan.health_url,)
 
     @property

@@ -80,7 +80,7 @@ class ServerGroup:
 
     @property
     def hang_urls(self) -> tuple[str, ...]:
-        """Every server's /health: the run can generate while any answers (launch/hang.py)."""
+        """The /health of every server (the run can generate while any answers, launch/hang.py)."""
         return tuple(url for server in self.servers for url in server.hang_urls)
 
     def _log(self, index: int, restart: int) -> Path:
