@@ -47,6 +47,7 @@ from helpers.chaos_trial import (
     expected_outcomes,
     read_hits,
     role,
+    stop_step,
     trial_row,
     write_trial_recipe,
 )
@@ -98,11 +99,12 @@ def _on(kind: Kind, cluster: str) -> Kind:
 def slurm_expected(trial: Trial) -> tuple[str | None, ...]:
     """The faulted attempt's class: a signal's as without Slurm; Slurm's stop classes
     (launch/outcomes.py stop_outcome); a cut server node: the run goes on with the other."""
+    last = (stop_step(trial) or 0) >= MAX_STEPS  # the stop's step boundary is the run's end
     if trial.fault == "slurm_time_limit":
-        return ("completed",) if trial.step == MAX_STEPS else ("time_limit",)
+        return ("completed",) if last else ("time_limit",)
     if trial.fault in ("slurm_preempt", "slurm_requeue"):
         # Slurm requeues the job itself: the launcher reads Restarts one up (`preempted`).
-        return ("preempted",)
+        return ("completed",) if last else ("preempted",)
     if trial.fault == "network_cut":
         return ("completed",)
     return expected_outcomes(trial)
@@ -405,7 +407,10 @@ def run_slurm_trial(trial: Trial, folder: Path, reference: Path | None, cluster:
     }
     job = sbatch(cluster, trial, folder, recipe, env)
     jobs, ends = [job], Ends()
-    reached = _wait(lambda: read_hits(hits), ATTEMPT_TIMEOUT, poll=0.2) is not None
+    # Until the moment, or the job's end before it (another user's scancel, a failed start).
+    ended = lambda: cluster.state(job) in TERMINAL and not job_pids(job)  # noqa: E731
+    reached = _wait(lambda: read_hits(hits) or ended(), ATTEMPT_TIMEOUT, poll=0.5) is not None
+    reached = reached and bool(read_hits(hits))
     found: dict = {"applied": False, "held": set()}
     files_before: dict = {}
     if reached:

@@ -261,13 +261,30 @@ AFTER_TRAINING = ("evaluation", "teardown")
 AFTER_LAST_USE = {"server": ("scoring", "optimizer_step"), "reward_server": ("optimizer_step",)}
 
 
+# After the ranks' stop vote of a step (cast before its optimizer step), a stop request is
+# acted on at the end of the next step (train/checkpoints.py StopVote; one process alone checks
+# at every step's end): seed 3667576542, a preemption at optimizer_step:5 with 2 ranks, stopped
+# at step 6, the run's end.
+AFTER_THE_VOTE = ("optimizer_step", "checkpoint_write")
+
+
+def stop_step(trial: Trial) -> int | None:
+    """The step at whose end a stop request that came at the trial's moment is acted on."""
+    late = trial.kind.procs > 1 and trial.moment in AFTER_THE_VOTE
+    return trial.step + 1 if late and trial.step is not None else trial.step
+
+
 def expected_outcomes(trial: Trial) -> tuple[str | None, ...]:
     sig, _, target = trial.fault.partition("_")
     if sig not in SIGNALS:  # a full disk, or a checkpoint damaged by a node that died
         return ("completed",) if trial.moment in AFTER_TRAINING else ("crash",)
     if trial.moment in AFTER_TRAINING and target != "launcher":
         return ("completed",)
-    if sig == "sigterm" and target in ("trainer", "launcher") and trial.step == MAX_STEPS:
+    if (
+        sig == "sigterm"
+        and target in ("trainer", "launcher")
+        and (stop_step(trial) or 0) >= MAX_STEPS
+    ):
         return ("completed",)  # the stop's step boundary is the last step: the run is done
     if trial.fault == "sigterm_server" and trial.moment == "server_start":
         return ("crash",)  # before vLLM's handlers, or with no request to wait for: it exits
