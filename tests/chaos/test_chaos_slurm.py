@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -45,6 +46,20 @@ def test_slurm_seeds_draw_slurm_trials_and_the_campaign_goes_round_their_faults(
     assert slurm_expected(preempt) == ("preempted",)
     limit = slurm_trial_from_seed(next(t.seed for t in trials if t.fault == "slurm_time_limit"))
     assert slurm_expected(limit) == (("completed",) if limit.step == 6 else ("time_limit",))
+
+
+def test_a_stop_after_the_ranks_vote_is_expected_at_the_next_steps_end():
+    """Seed 3667576542: a preemption at optimizer_step:5 with two ranks stopped at step 6, the
+    run's end (the vote is cast before the optimizer step): `completed`, not `preempted`."""
+    trial = chaos.trial_from_seed(3667576542)
+    assert (trial.kind.procs, trial.moment, trial.step) == (2, "optimizer_step", 5)
+    assert slurm_expected(trial) == ("completed",)
+    alone = replace(trial, kind=replace(trial.kind, procs=1))  # one rank checks every step
+    assert slurm_expected(alone) == ("preempted",)
+    earlier = replace(trial, moment="scoring")  # before the vote: acted on at step 5's end
+    assert slurm_expected(earlier) == ("preempted",)
+    stopped = replace(trial, fault="sigterm_trainer", kind=replace(trial.kind, cluster="none"))
+    assert chaos.expected(stopped) == ("completed",)
 
 
 def test_the_harness_sees_a_held_process_get_its_sigterm_and_only_its_jobs_processes():

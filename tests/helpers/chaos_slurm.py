@@ -112,7 +112,9 @@ def slurm_expected(trial: Trial) -> tuple[str | None, ...]:
 
 def graceful(trial: Trial) -> bool:
     """Saved at a step boundary first: a SIGTERM to the trainers, the time limit's warning.
-    Not a killed launcher: Slurm then ends its whole batch step (the trainers with it)."""
+    Not a killed launcher (Slurm may end its batch step, the trainers with it, before they
+    save: proctrack/cgroup does), nor a preemption or a requeue (KillWait's SIGKILL, 5 s after
+    the SIGTERM on the test cluster, may come before the save)."""
     return trial.fault in ("sigterm_trainer", "slurm_time_limit", "network_cut")
 
 
@@ -366,7 +368,8 @@ def follow(cluster, job, folder, out, hits, held, ends: Ends, timeout: float, cu
         if state in TERMINAL and not job_pids(job):
             return state, pgids
         time.sleep(0.5)
-    cluster.run("scancel", job)
+    # SIGKILL: a SIGTERM would be a stop, which the launcher answers with a requeue.
+    cluster.run("scancel", "--full", "--signal=KILL", job)
     return "BOUND", pgids
 
 
