@@ -48,18 +48,28 @@ def test_slurm_seeds_draw_slurm_trials_and_the_campaign_goes_round_their_faults(
     assert slurm_expected(limit) == (("completed",) if limit.step == 6 else ("time_limit",))
 
 
-def test_a_stop_after_the_ranks_vote_is_expected_at_the_next_steps_end():
+def test_a_stop_the_launcher_forwards_may_land_a_step_later_a_ranks_own_does_not():
     """Seed 3667576542: a preemption at optimizer_step:5 with two ranks stopped at step 6, the
-    run's end (the vote is cast before the optimizer step): `completed`, not `preempted`."""
-    trial = chaos.trial_from_seed(3667576542)
-    assert (trial.kind.procs, trial.moment, trial.step) == (2, "optimizer_step", 5)
-    assert slurm_expected(trial) == ("completed",)
-    alone = replace(trial, kind=replace(trial.kind, procs=1))  # one rank checks every step
-    assert slurm_expected(alone) == ("preempted",)
-    earlier = replace(trial, moment="scoring")  # before the vote: acted on at step 5's end
-    assert slurm_expected(earlier) == ("preempted",)
-    stopped = replace(trial, fault="sigterm_trainer", kind=replace(trial.kind, cluster="none"))
-    assert chaos.expected(stopped) == ("completed",)
+    run's end (the SIGTERM reached the ranks through the launcher after step 5's vote):
+    `completed` or `preempted`. Seed 4183528094: a rank's own SIGTERM at the same moment is in
+    that step's vote (cast right after the point): step 5, `stopped` alone."""
+    preempted = chaos.trial_from_seed(3667576542)
+    assert (preempted.kind.procs, preempted.moment, preempted.step) == (2, "optimizer_step", 5)
+    assert slurm_expected(preempted) == ("preempted", "completed")
+    assert slurm_expected(replace(preempted, step=4)) == ("preempted",)
+    assert slurm_expected(replace(preempted, step=6)) == ("completed",)
+    own = chaos.trial_from_seed(4183528094)
+    assert (own.kind.procs, own.moment, own.step, own.fault) == (
+        2,
+        "optimizer_step",
+        5,
+        "sigterm_trainer",
+    )
+    assert slurm_expected(own) == ("stopped",)
+    # Mid-checkpoint the step's end has passed: the next step's end, the last one here.
+    assert slurm_expected(replace(own, moment="checkpoint_write")) == ("completed",)
+    limit = replace(preempted, fault="slurm_time_limit", moment="checkpoint_write", step=4)
+    assert slurm_expected(limit) == ("time_limit", "completed")
 
 
 def test_the_harness_sees_a_held_process_get_its_sigterm_and_only_its_jobs_processes():

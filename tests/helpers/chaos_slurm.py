@@ -47,7 +47,7 @@ from helpers.chaos_trial import (
     expected_outcomes,
     read_hits,
     role,
-    stop_step,
+    stop_outcomes,
     trial_row,
     write_trial_recipe,
 )
@@ -99,12 +99,11 @@ def _on(kind: Kind, cluster: str) -> Kind:
 def slurm_expected(trial: Trial) -> tuple[str | None, ...]:
     """The faulted attempt's class: a signal's as without Slurm; Slurm's stop classes
     (launch/outcomes.py stop_outcome); a cut server node: the run goes on with the other."""
-    last = (stop_step(trial) or 0) >= MAX_STEPS  # the stop's step boundary is the run's end
     if trial.fault == "slurm_time_limit":
-        return ("completed",) if last else ("time_limit",)
+        return stop_outcomes(trial, "time_limit")
     if trial.fault in ("slurm_preempt", "slurm_requeue"):
         # Slurm requeues the job itself: the launcher reads Restarts one up (`preempted`).
-        return ("completed",) if last else ("preempted",)
+        return stop_outcomes(trial, "preempted")
     if trial.fault == "network_cut":
         return ("completed",)
     return expected_outcomes(trial)

@@ -261,17 +261,29 @@ AFTER_TRAINING = ("evaluation", "teardown")
 AFTER_LAST_USE = {"server": ("scoring", "optimizer_step"), "reward_server": ("optimizer_step",)}
 
 
-# After the ranks' stop vote of a step (cast before its optimizer step), a stop request is
-# acted on at the end of the next step (train/checkpoints.py StopVote; one process alone checks
-# at every step's end): seed 3667576542, a preemption at optimizer_step:5 with 2 ranks, stopped
-# at step 6, the run's end.
-AFTER_THE_VOTE = ("optimizer_step", "checkpoint_write")
+# When a stop request that came at the trial's moment is acted on (train/checkpoints.py
+# StopOnRequest): at the end of that step, read there (one rank) or through the ranks' vote,
+# cast right after the optimizer_step point; during a checkpoint write (after the step's end)
+# at the next step's end. A stop that reaches the ranks through the launcher (its SIGTERM or
+# USR1 forwarded, Slurm's preemption or requeue) may arrive after that step's vote or end:
+# then one step later (seed 3667576542: a preemption at optimizer_step:5, two ranks, stopped
+# at step 6, the run's end; seed 4183528094: a rank's own SIGTERM there stopped at step 5).
+FORWARDED_STOPS = ("sigterm_launcher", "slurm_time_limit", "slurm_preempt", "slurm_requeue")
 
 
-def stop_step(trial: Trial) -> int | None:
-    """The step at whose end a stop request that came at the trial's moment is acted on."""
-    late = trial.kind.procs > 1 and trial.moment in AFTER_THE_VOTE
-    return trial.step + 1 if late and trial.step is not None else trial.step
+def stop_steps(trial: Trial) -> set[int]:
+    """The steps at whose end a stop request that came at the trial's moment may be acted on."""
+    step = trial.step or 0
+    first = step + 1 if trial.moment == "checkpoint_write" else step
+    return {first, first + 1} if trial.fault in FORWARDED_STOPS else {first}
+
+
+def stop_outcomes(trial: Trial, stopped: str) -> tuple[str, ...]:
+    """`stopped`'s class, or `completed` where the stop's step can be the run's last."""
+    at_end = [s >= MAX_STEPS for s in stop_steps(trial)]
+    if all(at_end):
+        return ("completed",)
+    return (stopped, "completed") if any(at_end) else (stopped,)
 
 
 def expected_outcomes(trial: Trial) -> tuple[str | None, ...]:
@@ -280,12 +292,8 @@ def expected_outcomes(trial: Trial) -> tuple[str | None, ...]:
         return ("completed",) if trial.moment in AFTER_TRAINING else ("crash",)
     if trial.moment in AFTER_TRAINING and target != "launcher":
         return ("completed",)
-    if (
-        sig == "sigterm"
-        and target in ("trainer", "launcher")
-        and (stop_step(trial) or 0) >= MAX_STEPS
-    ):
-        return ("completed",)  # the stop's step boundary is the last step: the run is done
+    if sig == "sigterm" and target in ("trainer", "launcher") and trial.step is not None:
+        return stop_outcomes(trial, "stopped")  # or `completed`: the stop's step is the last
     if trial.fault == "sigterm_server" and trial.moment == "server_start":
         return ("crash",)  # before vLLM's handlers, or with no request to wait for: it exits
     if trial.moment in AFTER_TRAINING:  # the launcher: a stop after training has nothing to stop
