@@ -3,7 +3,7 @@ BIN = $(shell bash scripts/setup_env.sh | tail -n 1)
 # --durations: each suite prints its slowest tests, to see where CI time goes.
 PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest --durations=15
 
-.PHONY: install test test-unit test-slurm test-fresh-clone test-multinode test-vllm test-gpu-kit test-redteam test-rehearse test-chaos chaos sandbox-tool lint format docs bench smoke clean
+.PHONY: install test test-unit test-slurm test-fresh-clone test-multinode test-vllm test-gpu-kit test-redteam test-rehearse test-chaos chaos chaos-slurm sandbox-tool lint format docs bench smoke clean
 
 install:
 	bash scripts/setup_env.sh
@@ -79,6 +79,15 @@ CHAOS_TRIALS ?= 60
 CHAOS_SEED ?= 1
 chaos:
 	OMP_NUM_THREADS=1 $(BIN)/python bench/chaos.py --trials $(CHAOS_TRIALS) --seed $(CHAOS_SEED) $(CHAOS_ARGS)
+
+# The campaign under the Slurm test cluster (root): CHAOS_SLURM=1node (faults to a job's
+# processes and Slurm's own, recovery by requeue; 20-90 s a trial) or 3node (a vLLM server
+# node's network cut; minutes a trial). Starts the cluster, stops it after (also on failure).
+CHAOS_SLURM ?= 1node
+chaos-slurm:
+	bash tests/slurm/cluster.sh start --nodes $(if $(filter 3node,$(CHAOS_SLURM)),3,1)
+	OMP_NUM_THREADS=1 $(BIN)/python bench/chaos.py --slurm $(CHAOS_SLURM) --trials $(CHAOS_TRIALS) --seed $(CHAOS_SEED) $(CHAOS_ARGS); \
+		rc=$$?; bash tests/slurm/cluster.sh stop || rc=1; exit $$rc
 
 lint:
 	$(BIN)/ruff check src tests bench

@@ -8,6 +8,8 @@ Prints one row per trial and a summary; writes both as JSON (bench/results/chaos
     python bench/chaos.py --trials 60 --seed 1            # the campaign (make chaos)
     python bench/chaos.py --replay 123456789              # one trial again, from its seed
     python bench/chaos.py --trials 4 --seed 54 --no-servers   # the short CI share
+    python bench/chaos.py --trials 6 --slurm 1node        # under the running test cluster
+    python bench/chaos.py --trials 2 --slurm 3node        # a server node's network cut
 
 Every trial's spec follows from its own seed (trial_from_seed); the campaign only picks the
 seeds, so that each moment and each fault comes up about equally often. A failing trial
@@ -25,17 +27,27 @@ import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import bench_parser, figure, loadavg, machine, write_result  # noqa: E402
 
+from helpers.chaos_slurm import (  # noqa: E402
+    SLURM_FAULTS,
+    SLURM_SEEDS,
+    Cluster,
+    run_slurm_trial,
+    slurm_expected,
+    slurm_trial_from_seed,
+)
 from helpers.chaos_trial import (  # noqa: E402
     FAULTS,
     MOMENTS,
     Kind,
     Trial,
+    expected_outcomes,
     run_trial,
     tiny_model,
     write_trial_recipe,
@@ -48,7 +60,10 @@ DAMAGE = ("checkpoint_truncated", "checkpoint_file_removed")
 
 
 def trial_from_seed(seed: int) -> Trial:
-    """Everything about a trial, from its seed alone (pure)."""
+    """Everything about a trial, from its seed alone (pure); seeds from SLURM_SEEDS up draw
+    a trial under the Slurm test cluster (helpers.chaos_slurm)."""
+    if seed >= SLURM_SEEDS:
+        return slurm_trial_from_seed(seed)
     rng = random.Random(seed)
     moment, fault = rng.choice(MOMENTS), rng.choice(FAULTS)
     target = fault.partition("_")[2]
@@ -72,6 +87,11 @@ def trial_from_seed(seed: int) -> Trial:
     return Trial(seed=seed, kind=kind, moment=moment, step=step, fault=fault)
 
 
+def expected(trial: Trial) -> tuple[str | None, ...]:
+    """The classes the trial's faulted attempt may end with (with Slurm or without)."""
+    return slurm_expected(trial) if trial.kind.cluster != "none" else expected_outcomes(trial)
+
+
 def allowed(trial: Trial, servers: bool | str, clusters: tuple[str, ...]) -> bool:
     """servers: False (none), True (some), "only" (every trial has a vLLM server)."""
     if trial.kind.cluster not in clusters or (trial.kind.server and not servers):
@@ -88,12 +108,14 @@ def draw(
     """`count` trials whose (moment, fault) pairs go round every allowed moment and fault
     (`only`: the moments and faults to draw from, when not all)."""
     rng = random.Random(seed)
-    probe = [trial_from_seed(s) for s in rng.sample(range(1, 2**31), 60000)]
+    seeds = range(1, SLURM_SEEDS) if "none" in clusters else range(SLURM_SEEDS, 2**32)
+    probe = [trial_from_seed(s) for s in rng.sample(seeds, 60000)]
     pool = [t for t in probe if allowed(t, servers, clusters)]
     if only:
         pool = [t for t in pool if t.moment in only and t.fault in only]
     moments = sorted({t.moment for t in pool}, key=MOMENTS.index)
-    faults = sorted({t.fault for t in pool}, key=FAULTS.index)
+    order = [*FAULTS, *SLURM_FAULTS]
+    faults = sorted({t.fault for t in pool}, key=order.index)
     trials, used = [], Counter()
     for index in range(count):
         moment = moments[index % len(moments)]
@@ -112,10 +134,11 @@ def reference(trial: Trial, root: Path) -> Path | None:
     """The uninterrupted seeded run's final weights for the trial's kind (run once, kept)."""
     if not trial.kind.deterministic:
         return None
-    folder = root / f"reference-{trial.kind.name}"
+    kind = replace(trial.kind, cluster="none")  # the same run without Slurm: the same weights
+    folder = root / f"reference-{kind.name}"
     weights = folder / "out" / "model.safetensors"
     if not weights.is_file():
-        plain = Trial(seed=0, kind=trial.kind, moment="generation", step=None, fault="none")
+        plain = Trial(seed=0, kind=kind, moment="generation", step=None, fault="none")
         run = Launched(folder, write_trial_recipe(plain, folder))
         if run.wait(timeout=600) != 0:
             raise SystemExit(f"the reference run failed:\n{run.text[-3000:]}")
@@ -172,15 +195,22 @@ def print_row(row: dict) -> None:
 
 
 def campaign(trials: list[Trial], root: Path, keep: bool = False, jobs: int = 1) -> list[dict]:
-    """Every trial (`jobs` at a time), in the order drawn; the references first."""
+    """Every trial (`jobs` at a time), in the order drawn; the references first. Slurm trials
+    run one at a time, on the test cluster running now (tests/slurm/cluster.sh start)."""
     kinds = {t.kind: t for t in trials}
+    clusters = {t.kind.cluster for t in trials} - {"none"}
+    cluster = Cluster.running(3 if "3node" in clusters else 1) if clusters else None
+    jobs = 1 if cluster else jobs
     with ThreadPoolExecutor(jobs) as pool:
         weights = dict(zip(kinds, pool.map(lambda t: reference(t, root), kinds.values())))
 
     def one(index: int) -> dict:
         trial = trials[index]
         folder = root / f"trial-{index:03d}-{trial.seed}"
-        row = run_trial(trial, folder, weights[trial.kind])
+        if trial.kind.cluster != "none":
+            row = run_slurm_trial(trial, folder, weights[trial.kind], cluster)
+        else:
+            row = run_trial(trial, folder, weights[trial.kind])
         print_row(row)
         with open(root / "rows.jsonl", "a") as rows:  # a campaign stopped keeps its rows
             rows.write(json.dumps(row) + "\n")
@@ -205,6 +235,11 @@ def main(argv=None) -> int:
     parser.add_argument("--list", action="store_true", help="print the drawn trials only")
     parser.add_argument("--jobs", type=int, default=1, help="trials run at once")
     parser.add_argument(
+        "--slurm",
+        choices=("1node", "3node"),
+        help="trials under the running test cluster (tests/slurm/cluster.sh start [--nodes 3])",
+    )
+    parser.add_argument(
         "--merge", type=Path, nargs="+", help="campaigns run in pieces: their rows.jsonl files"
     )
     parser.add_argument("--markdown", type=Path, help="also write the docs' table there")
@@ -216,7 +251,8 @@ def main(argv=None) -> int:
     else:
         servers = "only" if args.servers_only else not args.no_servers
         only = tuple(filter(None, args.only.split(",")))
-        trials = draw(args.seed, args.trials, servers=servers, only=only)[args.first :]
+        clusters = (args.slurm,) if args.slurm else ("none",)
+        trials = draw(args.seed, args.trials, servers, clusters, only)[args.first :]
     if args.list:
         for trial in trials:
             print(trial.seed, trial.kind.name, trial.moment, trial.step, trial.fault)

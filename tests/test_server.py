@@ -373,3 +373,67 @@ def test_no_hang_is_called_while_the_server_starts(tmp_path, monkeypatch):
     assert server.healthy_after is not None and server.healthy_after >= 2
     assert watched.hang is not None and watched.hang.reason.startswith("no progress from rank 0")
     assert time.monotonic() - start >= server.healthy_after + 0.5
+
+
+# A vLLM 0.31 server SIGTERMed mid-run may wedge: it logs its own shutdown, its engine stops,
+# then uvicorn waits without a bound for the trainers' open request (bench/chaos.py, seed
+# 1837981534: alive, /health unanswered, no step till the hang watchdog, 600 s later).
+WEDGING_SERVER = """
+    import signal, sys, time
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers()
+        def log_message(self, *a):
+            pass
+    def shutdown(*_):
+        print("(APIServer pid=1) INFO [shutdown] API server: shutdown triggered", flush=True)
+        if sys.argv[2] == "exits":
+            sys.exit(0)
+        while True:  # uvicorn's "Waiting for connections to close": deaf, alive
+            time.sleep(1)
+    signal.signal(signal.SIGTERM, shutdown)
+    HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+@pytest.mark.parametrize("after", ["wedges", "exits"])
+def test_a_server_that_logged_its_own_shutdown_and_lives_on_is_killed_and_lost(
+    tmp_path, monkeypatch, after
+):
+    """Killed SHUTDOWN_BOUND_S after its own shutdown line, its loss stopping training then
+    (a crash, retried), not at the hang watchdog's hang_timeout; one that exits is lost as it
+    exits; a line an earlier attempt's server left in the appended log is not this one's."""
+    from maxent_grpo.launch import server as server_module
+
+    monkeypatch.setattr(server_module, "SHUTDOWN_BOUND_S", 1.0, raising=False)
+    port = free_port()
+    log = tmp_path / "vllm.log"
+    log.write_text("INFO [shutdown] API server: shutdown triggered\n")  # an earlier attempt's
+    plan = server_plan([*python_command(WEDGING_SERVER), str(port), after], port)
+    server = VLLMServer(plan, log).start()
+    # 20 s: a wedged server that nothing kills leaves watch_training to the trainer's end.
+    trainer = Child("train", ["sleep", "20.611"], tmp_path / "train.log")
+    try:
+        server.wait_until_healthy(poll=0.1)
+        for _ in range(15):  # 1.5 s, past the bound: the old line does not count
+            assert server.lost(stopping=False, exited=False) is None
+            time.sleep(0.1)
+        assert server.poll() is None
+        os.kill(server.pid, signal.SIGTERM)
+        start = time.monotonic()
+        watched = watch_training(trainer, (server,), None, poll=0.1)
+        took = time.monotonic() - start
+    finally:
+        server.stop(grace=1)
+        trainer.stop(grace=1)
+    message = watched.server_died or ""
+    assert watched.code is not None and watched.hang is None, watched
+    if after == "wedges":
+        assert "(killed: it logged its own shutdown, '[shutdown] API server: shutdown " in message
+        assert server.poll() == -signal.SIGKILL
+        assert 1.0 <= took < 1.0 + LOADED_MARGIN, took
+    else:
+        assert "killed" not in message and "vLLM server exited with code 0" in message, message
+        assert took < LOADED_MARGIN, took
+    assert not live_processes(marker="sleep 20.611")

@@ -119,7 +119,7 @@ def recipe_keys(kind: Kind, moment: str, fault: str, folder: Path) -> dict:
         keys.update(reward_model_gpus=1)
     if moment == "evaluation":
         keys["benchmarks"] = [{"name": "arithmetic", "num_examples": 2, "max_new_tokens": 4}]
-    if fault.startswith("sigstop") or fault == "sigterm_server":  # see EXPECTED["server"]
+    if fault.startswith("sigstop"):
         keys["hang_timeout"] = HANG_TIMEOUT
     return keys
 
@@ -245,9 +245,10 @@ def wait_end(run: Launched, watch: Watch, hits: Path, held: set[int], timeout: f
 # fault to the trainers' side finds the run complete.
 EXPECTED = {
     "trainer": {"sigkill": ("crash",), "sigterm": ("stopped",), "sigstop": ("hang",)},
-    # A SIGTERMed vLLM 0.31 server may exit or wedge in uvicorn's shutdown, alive and deaf,
-    # till the hang watchdog (seed 1837981534; docs/reliability.md).
-    "server": {"sigkill": ("crash",), "sigterm": ("crash", "hang"), "sigstop": ("hang",)},
+    # A SIGTERMed vLLM 0.31 server may exit or wedge in uvicorn's shutdown, alive and deaf:
+    # the launcher kills it SHUTDOWN_BOUND_S after its own shutdown line (launch/server.py;
+    # seed 1837981534 was a `hang` at the watchdog before): a crash either way.
+    "server": {"sigkill": ("crash",), "sigterm": ("crash",), "sigstop": ("hang",)},
     "launcher": {"sigkill": (None,), "sigterm": ("stopped",), "sigstop": ("completed",)},
     "reward_server": {
         "sigkill": ("reward_server_lost",),
@@ -260,14 +261,39 @@ AFTER_TRAINING = ("evaluation", "teardown")
 AFTER_LAST_USE = {"server": ("scoring", "optimizer_step"), "reward_server": ("optimizer_step",)}
 
 
+# When a stop request that came at the trial's moment is acted on (train/checkpoints.py
+# StopOnRequest): at the end of that step, read there (one rank) or through the ranks' vote,
+# cast right after the optimizer_step point; during a checkpoint write (after the step's end)
+# at the next step's end. A stop that reaches the ranks through the launcher (its SIGTERM or
+# USR1 forwarded, Slurm's preemption or requeue) may arrive after that step's vote or end:
+# then one step later (seed 3667576542: a preemption at optimizer_step:5, two ranks, stopped
+# at step 6, the run's end; seed 4183528094: a rank's own SIGTERM there stopped at step 5).
+FORWARDED_STOPS = ("sigterm_launcher", "slurm_time_limit", "slurm_preempt", "slurm_requeue")
+
+
+def stop_steps(trial: Trial) -> set[int]:
+    """The steps at whose end a stop request that came at the trial's moment may be acted on."""
+    step = trial.step or 0
+    first = step + 1 if trial.moment == "checkpoint_write" else step
+    return {first, first + 1} if trial.fault in FORWARDED_STOPS else {first}
+
+
+def stop_outcomes(trial: Trial, stopped: str) -> tuple[str, ...]:
+    """`stopped`'s class, or `completed` where the stop's step can be the run's last."""
+    at_end = [s >= MAX_STEPS for s in stop_steps(trial)]
+    if all(at_end):
+        return ("completed",)
+    return (stopped, "completed") if any(at_end) else (stopped,)
+
+
 def expected_outcomes(trial: Trial) -> tuple[str | None, ...]:
     sig, _, target = trial.fault.partition("_")
     if sig not in SIGNALS:  # a full disk, or a checkpoint damaged by a node that died
         return ("completed",) if trial.moment in AFTER_TRAINING else ("crash",)
     if trial.moment in AFTER_TRAINING and target != "launcher":
         return ("completed",)
-    if sig == "sigterm" and target in ("trainer", "launcher") and trial.step == MAX_STEPS:
-        return ("completed",)  # the stop's step boundary is the last step: the run is done
+    if sig == "sigterm" and target in ("trainer", "launcher") and trial.step is not None:
+        return stop_outcomes(trial, "stopped")  # or `completed`: the stop's step is the last
     if trial.fault == "sigterm_server" and trial.moment == "server_start":
         return ("crash",)  # before vLLM's handlers, or with no request to wait for: it exits
     if trial.moment in AFTER_TRAINING:  # the launcher: a stop after training has nothing to stop

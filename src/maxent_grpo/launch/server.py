@@ -26,6 +26,14 @@ from maxent_grpo.vllm_health import (
 )
 
 POLL_SECONDS = 1.0
+# vLLM 0.31's API server logs this line when a signal starts its shutdown
+# (vllm/entrypoints/launchers/launcher.py); its engine stops, then uvicorn waits, without a
+# bound, for the open connections to close: the trainers' request, which waits for the server.
+OWN_SHUTDOWN = b"[shutdown] API server: shutdown triggered"
+# Seconds a server may live on after it logged its own shutdown (idle, it exits within ~2 s);
+# then it is wedged and killed, and its loss stops training at once instead of the hang
+# watchdog's hang_timeout later (bench/chaos.py, seed 1837981534: 600 s for nothing).
+SHUTDOWN_BOUND_S = 30.0
 
 
 class VLLMServer:
@@ -43,8 +51,14 @@ class VLLMServer:
         self.child: Child | None = None
         self.health: HealthWait | None = None
         self.healthy_after: float | None = None  # seconds from start to /health 200
+        self._log_start = self._log_read = 0  # this start's output in the (appended) log
+        self.shutdown_seen: float | None = None  # when the log said so (monotonic)
 
     def start(self) -> VLLMServer:
+        try:  # the log is appended across attempts: only this start's output is read
+            self._log_start = self._log_read = self.log_path.stat().st_size
+        except OSError:
+            self._log_start = self._log_read = 0
         self.child = Child("vllm", self.plan.command, self.log_path, env=self.env)
         self.health = HealthWait(self.child, self.plan.health_url, self.plan.timeout)
         failpoint("server_start")
@@ -85,11 +99,44 @@ class VLLMServer:
         return self.child.poll() if self.child is not None else None
 
     def died_message(self) -> str | None:
-        """Why the server is gone (with its log tail), or None while it runs."""
+        """Why the server is gone (with its log tail), or None while it runs. A server that
+        logged its own shutdown and still runs SHUTDOWN_BOUND_S later is killed: gone."""
         code = self.poll()
-        if code is None or self.child is None:
+        if self.child is None:
             return None
-        return exit_message(self.child, code, "while training ran")
+        wedged = code is None and self._wedged()
+        if wedged:
+            self.kill()
+            code = self.child.wait_up_to(10)
+            code = -signal.SIGKILL if code is None else code
+        if code is None:
+            return None
+        message = exit_message(self.child, code, "while training ran")
+        if wedged:
+            note = (
+                f"while training ran (killed: it logged its own shutdown, "
+                f"'{OWN_SHUTDOWN.decode()}', and still ran {SHUTDOWN_BOUND_S:g}s later, "
+                "waiting for an open request)"
+            )
+            message = message.replace("while training ran", note, 1)
+        return message
+
+    def _wedged(self) -> bool:
+        """Whether the log said the server shuts down, over SHUTDOWN_BOUND_S ago."""
+        if self.shutdown_seen is None:
+            try:
+                with open(self.log_path, "rb") as log:
+                    # From a little before where the last read ended: a line cut in two.
+                    start = max(self._log_read - len(OWN_SHUTDOWN), self._log_start)
+                    log.seek(start)
+                    new = log.read()
+            except OSError:
+                return False
+            self._log_read = start + len(new)
+            if OWN_SHUTDOWN in new:
+                self.shutdown_seen = time.monotonic()
+            return False
+        return time.monotonic() - self.shutdown_seen > SHUTDOWN_BOUND_S
 
     def lost(self, stopping: bool, exited: bool) -> str | None:
         """Why it is gone, while the trainers run (a stop signal does not excuse it)."""
