@@ -322,3 +322,28 @@ def test_crash_grace_comes_from_the_environment_or_one_clear_line():
     for bad in ("0", "-1", "soon", "inf", "nan"):
         with pytest.raises(UserError, match=f"MAXENT_GRPO_CRASH_GRACE_S='{bad}' is not a"):
             crash_grace_s({"MAXENT_GRPO_CRASH_GRACE_S": bad})
+
+
+@pytest.mark.parametrize(
+    "state, requeued", [("RUNNING", True), ("CANCELLED", False), ("COMPLETING", False)]
+)
+def test_a_stopped_job_is_requeued_unless_slurm_ended_it(monkeypatch, tmp_path, state, requeued):
+    """A stop while the job runs (the stop file, a signal of the user's) requeues it; a
+    scancel (Slurm marks the job CANCELLED before it signals) is the user's: not requeued."""
+    import subprocess
+
+    from maxent_grpo.launch import finish
+    from maxent_grpo.launch.outcomes import Outcome
+    from maxent_grpo.launch.slurm import SlurmJob
+    from maxent_grpo.rundir.events import read_events
+
+    asked = []
+    monkeypatch.setattr(finish, "job_record", lambda job: {"JobState": state, "Restarts": "0"})
+    monkeypatch.setattr(
+        finish, "requeue", lambda job: asked.append(job) or subprocess.CompletedProcess([], 0)
+    )
+    ending = finish.Ending(SlurmJob("7", None, None, 0), tmp_path, True, lambda: None)
+    ending._requeue(Outcome("stopped", "SIGTERM received", 85, False), max_requeues=3)
+    assert bool(asked) == requeued and ending.requeued == requeued
+    (outcome,) = [e for e in read_events(tmp_path) if e["event"] == "outcome"]
+    assert outcome["requeue"] == ("7" if requeued else None)

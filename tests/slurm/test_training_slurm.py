@@ -164,6 +164,28 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluste
     assert_same_weights(tmp_path / "out", reference)
 
 
+def test_a_scancel_ends_the_job_and_keeps_the_step_it_was_in(slurm_cluster, tmp_path):
+    """`scancel JOB` (Slurm marks the job CANCELLED, then signals it): the trainers save the
+    step they are in within KillWait, and the job ends CANCELLED, not requeued behind the user
+    (the chaos campaign's finding, docs/reliability.md: it was requeued and trained on)."""
+    path = small_recipe(tmp_path, **KEYS, **FRESH, max_steps=RESUME_STEPS)
+    job = sbatch_training(
+        slurm_cluster, tmp_path, path, "--requeue", "--export=ALL,FRESH_START_REWARD_S=1"
+    )
+    wait_for(
+        lambda: "'loss'" in "".join(p.read_text() for p in train_logs(tmp_path)), 240, "training"
+    )
+    slurm_cluster.run(["scancel", job])
+    assert slurm_cluster.wait(job, timeout=300) == "CANCELLED", slurm_out(tmp_path)
+    out = slurm_out(tmp_path)
+    assert "not requeued: Slurm ended the job" in out and "requeueing " not in out, out
+    (record,) = slurm_cluster.job_records(job)
+    assert record["Restarts"] == "0", record
+    (log,) = train_logs(tmp_path)
+    stopped = re.search(r"Stopped on request after step (\d+); saved (\S+)", log.read_text())
+    assert stopped and Path(stopped.group(2)).is_dir(), log.read_text()[-3000:]
+
+
 def test_array_retry_resumes_after_hard_kill_and_later_tasks_exit_at_once(slurm_cluster, tmp_path):
     # The kill comes within a poll (0.5 s) of checkpoint-20: 20 more steps of 1 s or more (the
     # first task sleeps in each) keep it mid-training; the second trains them after its resume.

@@ -124,6 +124,14 @@ class Ending:
         if outcome.requeued_by_slurm:  # (a preemption with PreemptMode=REQUEUE)
             self._requeued_by_slurm(outcome)
             return
+        if outcome.kind == "stopped" and self.job is not None:
+            # A stop of Slurm's own (scancel: the job is CANCELLED): never requeued behind the
+            # user; the checkpoint the stop made is kept (bench/chaos.py --slurm found it).
+            ended = slurm_verdict(job_record(self.job), self.job.restart_count)
+            if ended is not None and ended != "requeued":
+                print(f"not requeued: Slurm {ended}", flush=True)
+                self.emit_outcome(outcome.kind, outcome.reason, outcome.code)
+                return
         ok, why = should_requeue(self.job, max_requeues)
         if not ok:
             print(f"not requeued: {why}", flush=True)
