@@ -137,7 +137,7 @@ class AsyncGeneration:
         current = (
             self._ahead.popleft() if self._ahead else call(epoch_iterator, num_batches, device)
         )
-        while len(self._ahead) < self.depth:
+        while len(self._ahead) < self.depth and self._trained(len(self._ahead)):
             batches, items = call(epoch_iterator, num_batches, device)
             if not batches:  # the epoch's end
                 break
@@ -148,6 +148,12 @@ class AsyncGeneration:
                 step = self.trainer.state.global_step + 1 + len(self._ahead)
                 self._next.append(self._gathered(step, batches[0]))
         return current
+
+    def _trained(self, ahead: int) -> bool:
+        """Whether the run trains the step `ahead` steps after the next one (none is
+        generated for steps past max_steps)."""
+        last = self.trainer.state.max_steps
+        return not last or last < 0 or self.trainer.state.global_step + 2 + ahead <= last
 
     def prepare_inputs(self, call, generation_batch):
         inputs = call(generation_batch)
