@@ -177,6 +177,23 @@ def test_a_server_lost_mid_completion_gives_its_prefixes_to_another():
     queue.close()
 
 
+def test_requests_of_one_group_each_go_to_the_least_busy_server():
+    """The generation queue sends a request per group, many at once: each must go to the
+    server with the fewest requests in flight, not to the first server every time (the
+    multinode suite's restarted server was never asked)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from maxent_grpo.train import server_pool
+
+    servers = [PoolServer("http://a", [3, 3]), PoolServer("http://b", [3, 3])]
+    for server in servers:
+        server.delay = 0.1
+    pool = server_pool.ServerPool(servers, timeout=5)
+    with ThreadPoolExecutor(8) as threads:
+        list(threads.map(lambda p: pool.generate([[p]], n=2, max_tokens=8), range(8)))
+    assert min(pool.prompts_served) >= 2, pool.prompts_served  # [8, 0] before
+
+
 def test_a_server_that_stops_answering_is_an_error_after_the_timeout_not_a_hang():
     server = Scripted([3, 3])
     server.gate.clear()

@@ -103,6 +103,8 @@ class ServerPool:
         self.live = list(range(len(self.clients)))
         self.event = event
         self.prompts_served = [0] * len(self.clients)  # per server, since the start
+        self.outstanding = [0] * len(self.clients)  # requests in flight, of every call
+        self._counting = threading.Lock()
         self.last_sync_seconds: dict[str, float] = {}  # per server URL, the last sync
         self.device = None  # NCCL sync: the trainer's device, for a rejoining server's group
         # policy version held (None: not tracked yet, the version pushed before the request)
@@ -157,6 +159,7 @@ class ServerPool:
                 except queue.Empty:
                     continue
                 part = chunks[number]
+                self._count(index, 1)
                 try:
                     answers[number] = self._watched(
                         index,
@@ -175,8 +178,13 @@ class ServerPool:
                         return
                     todo.put(number)
                     self._lose(index, f"{type(exc).__name__} during generation: {str(exc)[:200]}")
+                finally:
+                    self._count(index, -1)
 
-        self._run_each(serve, list(self.live))
+        # The least busy server's thread starts first and takes the first chunk: a request of
+        # one chunk (the generation queue's, a group each, many at once) goes to the server
+        # with the fewest requests in flight, not always to the first one.
+        self._run_each(serve, sorted(self.live, key=lambda i: (self.outstanding[i], i)))
         failed = [a["error"] for a in answers.values() if "error" in a]
         if failed:
             raise failed[0]
@@ -185,6 +193,10 @@ class ServerPool:
         versions = [self.versions[made_by[number]] for number in range(len(chunks))]
         answer["policy_versions"] = [v for v, part in zip(versions, chunks) for _ in part]
         return answer
+
+    def _count(self, index: int, change: int) -> None:
+        with self._counting:  # calls run on several threads at once (the generation queue)
+            self.outstanding[index] += change
 
     def _watched(self, index: int, call: Callable):
         """call() on a thread of its own, given up (requests.Timeout) when its server stops
