@@ -5,7 +5,9 @@ SERVERS_VARIABLE) and a ServerPool in place of the one client TRL's VLLMGenerati
 
 - Generation: the request's prompts are cut into small chunks (CHUNKS_PER_SERVER per live
   server) and each live server takes the next chunk as soon as it has answered its last, so
-  work goes by outstanding work (a slow or busy server takes fewer chunks). Answers are put
+  work goes by outstanding work (a slow or busy server takes fewer chunks); calls made at
+  once (async generation's, a group each) go first to the server with the fewest requests
+  in flight (`outstanding`). Answers are put
   back in prompt order, so the trainer sees one request's answer. A server that refuses the
   connection, times out (the recipe's vllm_server_timeout) or answers 5xx is lost: its chunk
   goes to the others, and the step goes on; with no server left the step fails.
