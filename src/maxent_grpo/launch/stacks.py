@@ -1,9 +1,10 @@
 """Stack dumps on a hang: every rank's and every server's Python stacks into the train log.
 
 py-spy when installed (works on any Python process); else the processes' own faulthandler:
-DUMP_SIGNAL for the ranks (registered by train/heartbeat.py), SIGABRT for a vLLM server
-(PYTHONFAULTHANDLER=1 in its environment). Then every process of the run is killed
-(stop_hung); the last complete checkpoint stays. What is a hang is launch/hang.py's.
+DUMP_SIGNAL for the ranks (registered by train/heartbeat.py: a rank stops itself once its
+dump is written), SIGABRT for a vLLM server (PYTHONFAULTHANDLER=1 in its environment). Then
+every process of the run is killed (stop_hung); the last complete checkpoint stays. What is
+a hang is launch/hang.py's.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ def dump_rank_stacks(beats: dict[int, dict], directory: Path, note: Callable[[st
     """Every local rank's Python stacks into the train log: py-spy when installed, else
     DUMP_SIGNAL (faulthandler, registered by train/heartbeat.py, writes rank-<R>.stacks; the
     files are copied into the log one rank after the other). A stopped rank (SIGSTOP) is
-    continued so that it can write."""
+    continued so that it can write; a rank stops itself once its dump is written
+    (train/heartbeat.py install_stack_dump), and is stopped again here once the dumps are
+    whole (a rank that installed its dump off the main thread cannot stop itself), so that
+    no rank trains on, saves or finishes the run before the kill that follows."""
     here = os.uname().nodename
     pending = {}
     for rank, beat in sorted(beats.items()):
@@ -65,6 +69,11 @@ def dump_rank_stacks(beats: dict[int, dict], directory: Path, note: Callable[[st
         if state == "T":
             os.kill(pid, signal.SIGCONT)
     _wait_for_growth([(path, size) for _pid, path, size in pending.values()])
+    for pid, _path, _size in pending.values():
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
     for rank, (pid, path, size) in sorted(pending.items()):
         text = _read_from(path, size)
         note(f"stacks of rank {rank} (pid {pid}, faulthandler):\n{text or '(none written)'}")

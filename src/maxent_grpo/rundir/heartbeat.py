@@ -16,7 +16,8 @@ done gets invalid JSON and reads again at its next poll.
 Also here, for the launcher's diagnosis of a hang or a crash:
 - DUMP_SIGNAL: faulthandler writes every thread's Python stack to `rank-<R>.stacks` when the
   launcher sends it (the launcher copies the files into the train log, one rank after the
-  other: ranks dumping into one shared stderr interleave); the process goes on.
+  other: ranks dumping into one shared stderr interleave); the process then stops itself
+  (SIGSTOP): the launcher sends it only to a run it kills as hung.
 - the exit report `rank-<R>.exit.json`: the exception that ended this process (its class
   decides oom vs crash, launch/outcomes.py), written by sys.excepthook before it dies.
 """

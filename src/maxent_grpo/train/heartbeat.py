@@ -1,19 +1,48 @@
 """A trainer's heartbeat: beats from its callbacks and around generation and saves, the stack
-dump on DUMP_SIGNAL and the exit report (the files: rundir/heartbeat.py)."""
+dump on DUMP_SIGNAL (then the process stops) and the exit report (the files:
+rundir/heartbeat.py)."""
 
 from __future__ import annotations
 
 import faulthandler
+import os
+import signal
 import sys
+import threading
 import time
 
 from maxent_grpo.rundir.heartbeat import DUMP_SIGNAL, Heartbeat
 
 
+def _stand_still(_signum, _frame) -> None:
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def install_stack_dump(stacks) -> bool:
+    """On DUMP_SIGNAL, faulthandler writes every thread's stack to `stacks` (an open file),
+    then this process stops itself (SIGSTOP). Returns whether it stops (main thread only).
+
+    The launcher sends DUMP_SIGNAL only to a run it is about to kill as hung
+    (launch/stacks.py), and a rank stopped with SIGSTOP must be continued to write: without
+    the stop it trained on until the kill and could finish the run (seeds 2653940617,
+    2550607500, 3698213687: `completed` after a hang). faulthandler's C handler writes the
+    dump inside the signal handler, then (chain=True) raises the signal again for the
+    handler registered before it: Python's, which runs on the main thread at its next
+    bytecode and stops the process. Off the main thread Python cannot install a handler:
+    the dump alone, and the launcher stops the process itself once the dump is written.
+    """
+    faulthandler.unregister(DUMP_SIGNAL)  # signal.signal would replace its C handler
+    chain = threading.current_thread() is threading.main_thread()
+    if chain:
+        signal.signal(DUMP_SIGNAL, _stand_still)
+    faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=chain)
+    return chain
+
+
 def _install_dump_and_excepthook(heartbeat: Heartbeat) -> None:
     # Kept open for the life of the process: faulthandler writes to its file descriptor.
     stacks = open(heartbeat.dir / f"rank-{heartbeat.rank}.stacks", "a")  # noqa: SIM115
-    faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=False)
+    install_stack_dump(stacks)
     previous = sys.excepthook
 
     def excepthook(kind, exc, tb):
