@@ -12,6 +12,7 @@ import sys
 
 from maxent_grpo.errors import EXIT_CHECKPOINTED, EXIT_USER_ERROR, UserError, error_report
 from maxent_grpo.evaluate.schedule import after_training, make_callback
+from maxent_grpo.launch.processes import stop_with_parent
 from maxent_grpo.methods import METHODS, RL_METHODS
 from maxent_grpo.preflight import check_recipe
 from maxent_grpo.recipe import build_recipe, read_recipe
@@ -58,6 +59,7 @@ def cli_main(argv: list[str], method: str | None = None) -> int:
 
     method: the entry script's (src/grpo.py: grpo), `--method`, or None for the recipe's.
     """
+    stop_with_parent()  # under the launcher: SIGTERM (save, exit) when accelerate dies
     world_size = world_size_from(os.environ)
     keys = None
     try:

@@ -46,7 +46,7 @@ from maxent_grpo.launch.outcomes import (
 )
 from maxent_grpo.launch.overrides import server_environ
 from maxent_grpo.launch.plan import Plan
-from maxent_grpo.launch.processes import Child
+from maxent_grpo.launch.processes import STOP_WITH_PARENT, Child
 from maxent_grpo.launch.resume import (
     changed_keys,
     check_max_steps,
@@ -500,7 +500,8 @@ class Attempt:
         if self.reward_server is not None:  # healthy before the trainers' first scoring
             self.reward_server.wait_until_healthy(cancelled=lambda: self.stop_signal)
         env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(STOP_DRAIN_S), **environ}
-        env.update({**plan.train.env, "PYTHONUNBUFFERED": "1"})
+        # STOP_WITH_PARENT: each trainer stops when its parent (accelerate, torchrun) dies.
+        env.update({**plan.train.env, "PYTHONUNBUFFERED": "1", STOP_WITH_PARENT: "1"})
         health = tuple(url for server in self.servers() for url in server.hang_urls)
         watchdog = Watchdog(
             heartbeat_dir(self.output_dir),

@@ -55,6 +55,35 @@ def _ignore_stop_signals() -> None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
+# Set in the trainers' environment by the launcher (launch/attempt.py): each training process
+# asks to be stopped when its parent dies (stop_with_parent).
+STOP_WITH_PARENT = "MAXENT_GRPO_STOP_WITH_PARENT"
+
+
+def stop_with_parent(environ=os.environ, signum: int = signal.SIGTERM) -> bool:
+    """In a training process the launcher started: `signum` (SIGTERM, a graceful stop at the
+    next step boundary) when its parent dies (Linux: PR_SET_PDEATHSIG). Returns whether it
+    was asked for.
+
+    The launcher's own parent-death SIGTERM reaches accelerate's launcher only. With two
+    ranks, torchrun's agent (which starts its workers from its main thread: the signal fires
+    when the thread that forked ends) forwards it to the workers; with one, accelerate's
+    simple launcher just dies, and its trainer, re-parented, trained on outside the job
+    (seeds 3242996796, 2909567359, 3843838547 under Slurm's proctrack/linuxproc). Off unless
+    the launcher asked (STOP_WITH_PARENT): `nohup python src/grpo.py &` must outlive its
+    shell. A parent that died before the prctl sends nothing: this process then signals
+    itself, as the parent's death would have.
+    """
+    if environ.get(STOP_WITH_PARENT) != "1" or _LIBC is None:
+        return False
+    parent = os.getppid()
+    if _LIBC.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+        return False
+    if parent == 1 or os.getppid() != parent:  # re-parented already: no signal will come
+        os.kill(os.getpid(), signum)
+    return True
+
+
 class Child:
     """A process group with its output appended to a log file (and optionally echoed).
 
