@@ -74,6 +74,22 @@ def test_a_redo_after_a_graceful_stop_an_old_checkpoint_and_a_wrong_class_are_ca
     assert any("outcome 'crash', expected one of ('hang',)" in p for p in wrong), wrong
 
 
+def test_steps_done_after_the_launcher_or_the_job_ended_are_caught(tmp_path):
+    """Seeds 3242996796, 2909567359, 3843838547: a SIGKILLed launcher's one rank, outside its
+    job, trained to the run's end; ending the step its stop asks for is right."""
+    events(tmp_path, ([1, 2, 3, 4, 5, 6], None))
+    lines = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    for line in lines:
+        line["time"] = line.get("step", 0)  # step s ends at time s
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    killed = facts(tmp_path, expected_outcomes=(None,), ended_at=2.5, last_step_after_end=3)
+    problems = check_trial(killed)
+    assert any(p.startswith("steps [4, 5, 6] done after the attempt's launcher") for p in problems)
+    killed.ended_at = 5.5  # killed during step 6, the stop's step
+    killed.last_step_after_end = 6
+    assert check_trial(killed) == []
+
+
 def test_corruption_orphans_weights_and_a_silent_full_disk_are_caught(tmp_path):
     events(tmp_path, ([1, 2], "crash"), ([3, 4, 5, 6], "completed"))
     found = facts(

@@ -147,6 +147,10 @@ class TrialFacts:
     # the class the faulted attempt's launcher printed (when a full disk kept it from the log)
     printed_outcome: str | None = None
     completed: bool = True
+    # when the faulted attempt's launcher (a SIGKILL) or its Slurm job was seen ended (epoch
+    # s), and the last step its trainers may still end after that (a stop's step)
+    ended_at: float | None = None
+    last_step_after_end: int = 0
 
 
 def check_steps(facts: TrialFacts) -> list[str]:
@@ -216,6 +220,26 @@ def check_resumes(facts: TrialFacts) -> list[str]:
     return problems
 
 
+def check_after_end(facts: TrialFacts) -> list[str]:
+    """Once the faulted attempt's launcher or job has ended, its trainers may finish the step
+    a stop asks them to end at, no more: they do not train on outside it (seeds 3242996796,
+    2909567359, 3843838547: a SIGKILLed launcher's one rank trained to the run's end)."""
+    runs = attempts(facts.out)
+    if facts.ended_at is None or facts.faulted >= len(runs):
+        return []
+    events = runs[facts.faulted]
+    after = [
+        int(e["step"]) for e in events if e["event"] == "step" and e.get("time", 0) > facts.ended_at
+    ]
+    late = sorted({s for s in after if s > facts.last_step_after_end})
+    if late:
+        return [
+            f"steps {late} done after the attempt's launcher or job had ended (outside it; "
+            f"a stop's step {facts.last_step_after_end} at most)"
+        ]
+    return []
+
+
 def check_outputs(facts: TrialFacts) -> list[str]:
     """Nothing that was complete when the fault came was changed (rotation may delete it)."""
     changed = [
@@ -280,7 +304,8 @@ CLASSES = ("crash", "hang", "oom", "user_error", "node_failure", "reward_server_
 
 def check_trial(facts: TrialFacts) -> list[str]:
     problems = []
-    for check in (check_steps, check_resumes, check_outputs, check_outcome, check_disk):
+    checks = (check_steps, check_resumes, check_outputs, check_outcome, check_disk)
+    for check in (*checks, check_after_end):
         problems += check(facts)
     if facts.left_processes:
         problems.append(f"processes left (orphans): {facts.left_processes[:3]}")

@@ -45,6 +45,7 @@ from helpers.chaos_trial import (
     Watch,
     cont,
     expected_outcomes,
+    last_step_after_kill,
     read_hits,
     role,
     stop_outcomes,
@@ -322,6 +323,7 @@ class Ends:
     times: list[float] = field(default_factory=list)
     output_len: list[int] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
+    job_ended: float | None = None  # the first job seen ended by Slurm (epoch s)
 
     def see(self, folder: Path, out: Path) -> None:
         steps = intact_steps(out)
@@ -355,6 +357,8 @@ def follow(cluster, job, folder, out, hits, held, ends: Ends, timeout: float, cu
             except OSError:
                 pass
         state = cluster.state(job)
+        if state in TERMINAL and ends.job_ended is None:
+            ends.job_ended = time.time()  # its processes may live on (proctrack/linuxproc)
         runs = attempts(out) if (out / "events.jsonl").exists() else []
         # An attempt ended: its outcome is written, or Slurm has the job again (requeued) or
         # done, with no process of it left.
@@ -454,6 +458,8 @@ def run_slurm_trial(trial: Trial, folder: Path, reference: Path | None, cluster:
         left_processes=left,
         printed_outcome=printed_outcome(faulted_text),
         completed=run_is_complete(out),
+        ended_at=ends.job_ended,
+        last_step_after_end=last_step_after_kill(trial) if trial.fault == "sigkill_launcher" else 0,
     )
     if facts.completed and reference is not None and trial.kind.deterministic:
         facts.weights_equal = same_weights(out, reference)

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from helpers.chaos_checks import (
@@ -307,6 +307,14 @@ def expected_outcomes(trial: Trial) -> tuple[str | None, ...]:
     return EXPECTED[target][sig]
 
 
+def last_step_after_kill(trial: Trial) -> int:
+    """The last step a SIGKILLed launcher's trainers may still end: each gets SIGTERM when
+    its parent dies (launch/processes.py stop_with_parent) and stops at the stop's step; two
+    ranks hear it through torchrun's agent, as a stop the launcher forwards."""
+    heard = replace(trial, fault="sigterm_launcher") if trial.kind.procs > 1 else trial
+    return max(stop_steps(heard))
+
+
 def graceful(trial: Trial) -> bool:
     """A fault the product answers by saving at the next step boundary: nothing is redone."""
     return trial.fault in ("sigterm_trainer", "sigterm_launcher", "sigkill_launcher")
@@ -398,6 +406,8 @@ def inject(trial: Trial, run: Launched, watch: Watch, out: Path, disk: Disk | No
     if trial.fault.split("_")[0] in SIGNALS:
         pids, held = signal_fault(trial, watch)
         found.update(applied=bool(pids), held=held)
+        if trial.fault == "sigkill_launcher":
+            found["killed_at"] = time.time()
     elif disk is not None:
         disk.fill(inodes=trial.fault == "out_of_inodes")
     elif trial.fault.startswith("checkpoint_"):
@@ -483,6 +493,8 @@ def run_trial(trial: Trial, folder: Path, reference: Path | None = None, tamper=
             disk_output=faulted_text,
             printed_outcome=printed_outcome(launcher_text),
             completed=run_is_complete(out),
+            ended_at=found.get("killed_at"),
+            last_step_after_end=last_step_after_kill(trial),
         )
         if facts.completed and reference is not None and trial.kind.deterministic:
             facts.weights_equal = same_weights(out, reference)
