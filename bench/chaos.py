@@ -10,6 +10,7 @@ Prints one row per trial and a summary; writes both as JSON (bench/results/chaos
     python bench/chaos.py --trials 4 --seed 54 --no-servers   # the short CI share
     python bench/chaos.py --trials 6 --slurm 1node        # under the running test cluster
     python bench/chaos.py --trials 2 --slurm 3node        # a server node's network cut
+    python bench/chaos.py --trials 3 --slurm 1node --servers-only   # a vLLM server in the job
 
 Every trial's spec follows from its own seed (trial_from_seed); the campaign only picks the
 seeds, so that each moment and each fault comes up about equally often. A failing trial
@@ -37,6 +38,7 @@ from benchlib import bench_parser, figure, loadavg, machine, write_result  # noq
 from helpers.chaos_slurm import (  # noqa: E402
     SLURM_FAULTS,
     SLURM_SEEDS,
+    SLURM_VLLM_SEEDS,
     Cluster,
     run_slurm_trial,
     slurm_expected,
@@ -109,6 +111,8 @@ def draw(
     (`only`: the moments and faults to draw from, when not all)."""
     rng = random.Random(seed)
     seeds = range(1, SLURM_SEEDS) if "none" in clusters else range(SLURM_SEEDS, 2**32)
+    if servers == "only" and "1node" in clusters:  # Slurm's vLLM trials have seeds of their own
+        seeds = range(SLURM_VLLM_SEEDS, 2**33)
     probe = [trial_from_seed(s) for s in rng.sample(seeds, 60000)]
     pool = [t for t in probe if allowed(t, servers, clusters)]
     if only:

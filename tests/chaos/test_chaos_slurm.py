@@ -16,8 +16,10 @@ from dataclasses import replace
 import pytest
 
 from helpers.chaos_slurm import (
+    SERVER_FAULTS,
     SLURM_FAULTS,
     SLURM_SEEDS,
+    SLURM_VLLM_SEEDS,
     job_pids,
     sigterm_came,
     slurm_expected,
@@ -46,6 +48,24 @@ def test_slurm_seeds_draw_slurm_trials_and_the_campaign_goes_round_their_faults(
     assert slurm_expected(preempt) == ("preempted",)
     limit = slurm_trial_from_seed(next(t.seed for t in trials if t.fault == "slurm_time_limit"))
     assert slurm_expected(limit) == (("completed",) if limit.step == 6 else ("time_limit",))
+
+
+def test_servers_only_on_one_node_draws_vllm_trials_from_seeds_of_their_own():
+    """`--slurm 1node --servers-only`: a vLLM CPU server in every job, the server a target
+    too; the Slurm seeds below SLURM_VLLM_SEEDS draw what they drew (the record's)."""
+    trials = chaos.draw(1, 12, servers="only", clusters=("1node",))
+    assert all(t.seed >= SLURM_VLLM_SEEDS and t.kind.server for t in trials)
+    assert {t.kind.cluster for t in trials} == {"1node"}
+    assert {"weight_push", "generation"} <= {t.moment for t in trials}
+    assert set(SERVER_FAULTS) & {t.fault for t in trials}
+    assert all(chaos.trial_from_seed(t.seed) == t for t in trials)
+    old = chaos.trial_from_seed(3242996796)
+    assert (old.kind.name, old.moment, old.step, old.fault) == (
+        "maxent-1p-1node",
+        "optimizer_step",
+        3,
+        "sigkill_launcher",
+    )
 
 
 def test_a_stop_the_launcher_forwards_may_land_a_step_later_a_ranks_own_does_not():

@@ -13,7 +13,8 @@ requeue`; on the 3-node cluster, the network of the second vLLM server's node cu
 and a training node (`--no-kill`, as `maxent-grpo sbatch` submits several servers).
 
 A trial's seed is at least SLURM_SEEDS: below it the seeds draw the trials without Slurm,
-unchanged (tests/chaos/test_chaos_record.py replays the record from its seeds).
+unchanged (tests/chaos/test_chaos_record.py replays the record from its seeds); from
+SLURM_VLLM_SEEDS up, 1-node trials with a vLLM CPU server (`--slurm 1node --servers-only`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ from maxent_grpo.faults import ENV, HITS_ENV
 from maxent_grpo.rundir.checkpoints import run_is_complete
 
 SLURM_SEEDS = 2**31  # seeds from here up draw a Slurm trial
+SLURM_VLLM_SEEDS = 2**32  # from here to 2**33: on the 1-node cluster, with a vLLM CPU server
+SERVER_FAULTS = ("sigkill_server", "sigterm_server", "sigstop_server")
 CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
 SLURM_FAULTS = (
     "sigkill_trainer",
@@ -81,6 +84,8 @@ CUT_GONE_BOUND = 120  # seconds for the cut node's leftovers to end once it is b
 def slurm_trial_from_seed(seed: int) -> Trial:
     """A Slurm trial, from its seed alone (pure)."""
     rng = random.Random(seed)
+    if seed >= SLURM_VLLM_SEEDS:
+        return _with_a_server(seed, rng)
     fault = rng.choice((*SLURM_FAULTS, "network_cut"))
     method = rng.choice(("grpo", "maxent"))
     if fault == "network_cut":
@@ -90,6 +95,17 @@ def slurm_trial_from_seed(seed: int) -> Trial:
     moment = rng.choice(SLURM_MOMENTS)
     step = rng.choice((2, 4)) if moment == "checkpoint_write" else rng.randint(2, 6)
     kind = Kind(method=method, procs=rng.choice((1, 2)))
+    return Trial(seed, _on(kind, "1node"), moment, step, fault)
+
+
+def _with_a_server(seed: int, rng: random.Random) -> Trial:
+    """A 1-node trial whose job runs a vLLM CPU server beside its trainers (seeds from
+    SLURM_VLLM_SEEDS: the earlier seeds draw what they drew), the server a target too."""
+    fault = rng.choice((*SLURM_FAULTS, *SERVER_FAULTS))
+    method = rng.choice(("grpo", "maxent"))
+    moment = rng.choice((*SLURM_MOMENTS, "weight_push"))
+    step = rng.choice((2, 4)) if moment == "checkpoint_write" else rng.randint(2, 6)
+    kind = Kind(method=method, procs=rng.choice((1, 2)), server=True, async_=rng.random() < 0.5)
     return Trial(seed, _on(kind, "1node"), moment, step, fault)
 
 
