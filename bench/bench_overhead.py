@@ -128,6 +128,9 @@ def steady(record: dict, warmup: int) -> dict:
         "step_events_per_step_s": [total("step_events") / steps],
         "step_time_split_per_step_s": [total("step_time_split") / steps],
         "cpu_step_s": [b[2] - a[2] for a, b in pairs],
+        # Minor page faults of rank 0 a step: a heap that maps and unmaps each step's tensors
+        # shows here and in no timer (launch/plan/training.py CPU_HEAP).
+        "page_faults": [b[3] - a[3] for a, b in pairs if len(a) > 3],
         "peak_rss_mib": sum(record["peak_rss_kib"]) / 1024,
         "train_begin_s": rank0["train_begin"],
         "num_tokens": [e["num_tokens"] for e in rank0["logs"]],
@@ -149,7 +152,8 @@ def compare(processes: int, repeats: int, warmup: int, recipe: Path, workdir: Pa
                 f"  {processes} proc, round {round_ + 1}/{repeats}, {side}: median "
                 f"step_time {median(result['step_time_s']):.4f} s, wall step "
                 f"{median(result['wall_step_s']):.4f} s, CPU step "
-                f"{median(result['cpu_step_s']):.4f} s, peak RSS "
+                f"{median(result['cpu_step_s']):.4f} s, page faults "
+                f"{median(result['page_faults']):.0f}, peak RSS "
                 f"{result['peak_rss_mib']:.0f} MiB (load {loadavg()[0]})",
                 flush=True,
             )
@@ -188,6 +192,7 @@ def compare(processes: int, repeats: int, warmup: int, recipe: Path, workdir: Pa
         "ratio": (base + sum(added.values())) / base,
         "save_steps": save_steps,
     }
+    summary["page_faults"] = {side: median(pooled(side, "page_faults")) for side in runs}
     rss = {side: median([r["peak_rss_mib"] for r in runs[side]]) for side in runs}
     summary["peak_rss_mib"] = {**rss, "ratio": rss["ours"] / rss["bare"]}
     summary["train_begin_s"] = {
@@ -318,6 +323,13 @@ def figures_for(s: dict) -> list[dict]:
             "s",
             note=f"per save: ours {s['checkpoint_save_s']['ours']:.3f} s (fsync of every file, "
             f"marker, rotation), bare {s['checkpoint_save_s']['bare']:.3f} s",
+        ),
+        figure(
+            f"overhead {n}p: minor page faults per step, ours - bare",
+            s["page_faults"]["ours"] - s["page_faults"]["bare"],
+            "faults",
+            note=f"rank 0: ours {s['page_faults']['ours']:.0f}, bare "
+            f"{s['page_faults']['bare']:.0f} a step",
         ),
         figure(
             f"overhead {n}p: peak RSS ratio ours/bare",

@@ -146,7 +146,12 @@ def _install() -> None:
             if not _RECORD["step_end"]:  # what shares this process's time with the steps
                 _RECORD["threads"] = _threads()
             _RECORD["step_end"].append(
-                [state.global_step, time.monotonic() - _START, time.process_time()]
+                [
+                    state.global_step,
+                    time.monotonic() - _START,
+                    time.process_time(),
+                    resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
+                ]
             )
             if profile is not None:
                 profile.step_end(state.global_step)

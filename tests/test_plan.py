@@ -19,6 +19,7 @@ from maxent_grpo.launch.plan import (
     make_plan,
     parse_visible_devices,
 )
+from maxent_grpo.launch.plan.training import CPU_HEAP
 from maxent_grpo.methods import METHODS
 from maxent_grpo.recipe import RecipeKeys, read_recipe
 
@@ -508,7 +509,7 @@ def test_cpu_without_vllm():
     plan = make_plan(env(0), GRPO, PORTS)
     assert plan.device == "cpu" and plan.server is None
     assert plan.train.num_processes == 2
-    assert plan.train.env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    assert plan.train.env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", **CPU_HEAP}
     assert "--multi_gpu" in plan.train.command  # gloo on CPU needs it for 2 processes
 
 
@@ -670,3 +671,13 @@ def test_a_user_error_is_recorded_in_the_run_it_names(tmp_path):
     _, event = read_events(tmp_path / "out")
     assert event["event"] == "outcome" and event["outcome"] == "user_error"
     assert "unknown key 'num_generation'" in event["reason"] and event["code"] == 2
+
+
+def test_cpu_training_fixes_the_heap_unless_the_recipe_tunes_it():
+    """CPU trainers get glibc's heap thresholds fixed (page faults a step: CPU_HEAP's
+    comment); a recipe's env: block that sets either one keeps its own, and GPU trainers get
+    neither."""
+    assert CPU_HEAP.items() <= make_plan(env(0), GRPO, PORTS).train.env.items()
+    own = dataclasses.replace(GRPO, env={"MALLOC_TRIM_THRESHOLD_": "0"})
+    assert not CPU_HEAP.keys() & make_plan(env(0), own, PORTS).train.env.keys()
+    assert not CPU_HEAP.keys() & make_plan(env(4), GRPO, PORTS).train.env.keys()
