@@ -375,6 +375,14 @@ def deep_figures(case: str, runs: dict[str, list[dict]], rates: dict) -> list[di
             note=f"full batch {rates['full_batch_tokens_per_s']:.0f} tokens/s; per side: "
             + ", ".join(f"{side} {middle(side, 'tokens_per_s'):.0f}" for side in runs),
         ),
+        figure(
+            f"{case}: server tokens/s while busy, k4_partial / its full-batch rate",
+            best / (middle("k4_partial", "server_busy") or 1.0) / rates["full_batch_tokens_per_s"],
+            "x",
+            is_ratio=True,
+            note="the tokens/s above over the server's busy share of the median step: how full "
+            f"its batch is when it works (busy share {middle('k4_partial', 'server_busy')})",
+        ),
         *[
             figure(
                 f"{case}: {side} trainers' busy share (median step)",

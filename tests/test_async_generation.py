@@ -12,8 +12,8 @@ import time
 import pytest
 
 from maxent_grpo.errors import ConfigError
-from maxent_grpo.train.async_generation import Pending, ServerLostError, busy_seconds
-from maxent_grpo.train.generation_queue import GenerationQueue, StepWork, kept
+from maxent_grpo.train.async_generation import Pending, ServerLostError
+from maxent_grpo.train.generation_queue import GenerationQueue, StepWork, busy_seconds, kept
 
 EOS = 0
 
@@ -225,6 +225,26 @@ def test_busy_seconds_counts_only_the_window():
     intervals = [(0.0, 1.0), (2.0, 5.0)]
     assert busy_seconds(intervals, 0.5, 3.0) == pytest.approx(1.5)
     assert busy_seconds(intervals, 5.0, 9.0) == 0.0
+
+
+def test_a_request_still_in_flight_counts_as_busy_until_now():
+    """k steps ahead keep a request in flight across step ends: the server's busy time of a
+    step counts the open span (before, only spans that had ended: a server never idle between
+    steps read as idle)."""
+    server = Scripted([3, 8])
+    server.gate.clear()
+    queue = queue_for(server)
+    start = time.monotonic()
+    work = queue.submit(2, [[2], [2]])
+    time.sleep(0.3)
+    assert queue.busy_seconds(start, time.monotonic()) >= 0.25
+    server.gate.set()
+    queue.wait(work)
+    end = time.monotonic()
+    assert queue.busy_seconds(start, end) >= 0.25  # the span, now ended, is still in the window
+    assert queue.busy_seconds(end, end + 1.0) == 0.0  # nothing in flight since
+    assert not queue.busy  # spans before the window asked are forgotten
+    queue.close()
 
 
 def grpo_config(**keys):

@@ -93,11 +93,6 @@ def sample_staleness(item: Pending, payload: tuple | None, trained: int) -> list
     return [trained - (item.version if v is None else v) for v in versions]
 
 
-def busy_seconds(intervals: list[tuple[float, float]], start: float, end: float) -> float:
-    """Seconds of [start, end] covered by the (non-overlapping, ordered) intervals."""
-    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
-
-
 class AsyncGeneration:
     """Component (train/components.py), with `async_generation` and a vLLM server: the module
     doc. Reads the round rules of the Rollouts component (when on), reports the server's
@@ -227,8 +222,7 @@ class AsyncGeneration:
         use = use and item.prompt_ids == prompt_ids
         serving = None  # the server's request seconds since the step before consumed
         if self._queue is not None and self._consumed_at is not None:
-            serving = busy_seconds(self._queue.busy, self._consumed_at, now)
-            del self._queue.busy[:-2]  # older intervals end before this step began
+            serving = self._queue.busy_seconds(self._consumed_at, now)
         self._consumed_at = now
         waiting = [p for p in self._pending.values() if p.work and p.work.done.is_set()]
         return {

@@ -112,6 +112,11 @@ def kept(works: list[StepWork]) -> tuple[int, int]:
     return sum(1 for s in samples if not s.done and s.tokens), sum(len(s.tokens) for s in samples)
 
 
+def busy_seconds(intervals: list[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of [start, end] covered by the (non-overlapping, ordered) intervals."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
+
+
 class GenerationQueue:
     """Groups in flight, oldest step first, one request per group (the module doc).
 
@@ -139,7 +144,7 @@ class GenerationQueue:
         self._paused = 0
         self._in_flight = 0
         self._closed = False
-        self.busy: list[tuple[float, float]] = []  # spans with any request in flight
+        self.busy: list[tuple[float, float]] = []  # spans with any request in flight, ended
         self._busy_since = 0.0
         self._pool = ThreadPoolExecutor(CONCURRENCY, thread_name_prefix="async-chunk")
         self._thread = threading.Thread(target=self._run, name="async-generation", daemon=True)
@@ -287,6 +292,17 @@ class GenerationQueue:
                 or (bool(new) and new[-1] in self.stop_ids)
                 or len(sample.tokens) >= self.max_tokens
             )
+
+    def busy_seconds(self, start: float, end: float) -> float:
+        """Seconds of [start, end] with any request in flight, the span still open included
+        (k steps ahead keep the server busy across steps); spans ended before `start` are
+        forgotten: the caller asks for consecutive windows."""
+        with self._cond:
+            spans = list(self.busy)
+            if self._in_flight > 0:
+                spans.append((self._busy_since, end))
+            self.busy = [span for span in self.busy if span[1] > start]
+        return busy_seconds(spans, start, end)
 
     def _settle(self, work: StepWork, group: Group, error: BaseException | None = None) -> None:
         with self._cond:
