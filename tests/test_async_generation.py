@@ -398,7 +398,7 @@ def test_a_step_made_ahead_pushes_the_weights_once_and_only_before_a_request(rol
         _last_loaded_step=4,
         vllm_generation=SimpleNamespace(sync_weights=lambda: events.append("push")),
     )
-    sync = SimpleNamespace(pool=lambda: None, synced_step=None)
+    sync = SimpleNamespace(pool=lambda: None, synced_step=None, due=lambda: True)
     component = AsyncGeneration.__new__(AsyncGeneration)
     component.trainer, component.clock, component.sync = trainer, None, sync
     component.rollouts = object() if rollouts else None

@@ -65,7 +65,6 @@ from maxent_grpo.train.generation_queue import (
     kept,
 )
 from maxent_grpo.train.state import state_registry
-from maxent_grpo.train.vllm_sync import sync_due
 
 logger = logging.getLogger(__name__)
 
@@ -297,11 +296,8 @@ class AsyncGeneration:
         """Every weight push (ours, TRL's at an evaluation), made while no request is in
         flight: whole completions, or one chunk with partial rollouts, are waited for."""
         trainer, sync = self.trainer, self.sync
-        due = sync_due(
-            trainer.state.global_step, sync.synced_step, trainer.args.vllm_sync_interval_steps
-        )
         waited = time.monotonic()
-        with self._queue.paused() if self._queue is not None and due else _nothing():
+        with self._queue.paused() if self._queue is not None and sync.due() else _nothing():
             mode = "train" if trainer.model.training else "eval"
             trl_adapter.metrics(trainer, mode)["async/push_wait_s"].append(
                 time.monotonic() - waited

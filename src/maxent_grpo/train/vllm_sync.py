@@ -357,11 +357,16 @@ class VLLMSync:
         client = getattr(self.generation, "_client", None)  # ours: train/vllm_connect.py
         return client if isinstance(client, ServerPool) else None
 
+    def due(self) -> bool:
+        """Whether the generation of the trainer's current step first pushes the weights."""
+        step, interval = self.trainer.state.global_step, self.trainer.args.vllm_sync_interval_steps
+        return sync_due(step, self.synced_step, interval)
+
     def timed_sync(self) -> None:
         trainer, generation = self.trainer, self.generation
         step = trainer.state.global_step
         metrics = trl_adapter.metrics(trainer, "train" if trainer.model.training else "eval")
-        if not sync_due(step, self.synced_step, trainer.args.vllm_sync_interval_steps):
+        if not self.due():
             metrics[POLICY_LAG_METRIC].append(step - self.synced_step)
             return
         connect = getattr(generation, "connect", None)  # ours (deferred): server mode only
