@@ -88,6 +88,8 @@ def test_steps_done_after_the_launcher_or_the_job_ended_are_caught(tmp_path):
     killed.ended_at = 5.5  # killed during step 6, the stop's step
     killed.last_step_after_end = 6
     assert check_trial(killed) == []
+    killed.stop_heard = False  # the trainers' logs never said they got the SIGTERM
+    assert any("never heard their launcher's death" in p for p in check_trial(killed))
 
 
 def test_corruption_orphans_weights_and_a_silent_full_disk_are_caught(tmp_path):

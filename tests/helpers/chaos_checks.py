@@ -151,6 +151,9 @@ class TrialFacts:
     # s), and the last step its trainers may still end after that (a stop's step)
     ended_at: float | None = None
     last_step_after_end: int = 0
+    # a SIGKILLed launcher mid-run: whether its trainers said they got the SIGTERM of its
+    # death ("SIGTERM received by rank"; None: not asked)
+    stop_heard: bool | None = None
 
 
 def check_steps(facts: TrialFacts) -> list[str]:
@@ -225,6 +228,8 @@ def check_after_end(facts: TrialFacts) -> list[str]:
     a stop asks them to end at, no more: they do not train on outside it (seeds 3242996796,
     2909567359, 3843838547: a SIGKILLed launcher's one rank trained to the run's end)."""
     runs = attempts(facts.out)
+    if facts.stop_heard is False:
+        return ["the trainers never heard their launcher's death (no 'SIGTERM received by rank')"]
     if facts.ended_at is None or facts.faulted >= len(runs):
         return []
     events = runs[facts.faulted]

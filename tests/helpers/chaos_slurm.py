@@ -49,6 +49,7 @@ from helpers.chaos_trial import (
     last_step_after_kill,
     read_hits,
     role,
+    stop_heard,
     stop_outcomes,
     trial_row,
     write_trial_recipe,
@@ -351,6 +352,11 @@ class Ends:
         self.output_len.append(len(_slurm_text(folder)))
 
 
+def _logs_text(logs: list[set]) -> str:
+    """The train logs there were at the first attempt's end (its own among them)."""
+    return "".join(p.read_text(errors="replace") for found in logs for p in sorted(found))
+
+
 def _slurm_text(folder: Path) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted(folder.glob("slurm_*.out")))
 
@@ -476,6 +482,7 @@ def run_slurm_trial(trial: Trial, folder: Path, reference: Path | None, cluster:
         completed=run_is_complete(out),
         ended_at=ends.job_ended,
         last_step_after_end=last_step_after_kill(trial) if trial.fault == "sigkill_launcher" else 0,
+        stop_heard=stop_heard(trial, _logs_text(ends.logs[:1])),
     )
     if facts.completed and reference is not None and trial.kind.deterministic:
         facts.weights_equal = same_weights(out, reference)

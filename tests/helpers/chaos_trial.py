@@ -309,10 +309,19 @@ def expected_outcomes(trial: Trial) -> tuple[str | None, ...]:
 
 def last_step_after_kill(trial: Trial) -> int:
     """The last step a SIGKILLed launcher's trainers may still end: each gets SIGTERM when
-    its parent dies (launch/processes.py stop_with_parent) and stops at the stop's step; two
-    ranks hear it through torchrun's agent, as a stop the launcher forwards."""
-    heard = replace(trial, fault="sigterm_launcher") if trial.kind.procs > 1 else trial
-    return max(stop_steps(heard))
+    its parent dies (launch/processes.py stop_with_parent; two ranks through torchrun's
+    agent) and stops at the stop's step, as for a stop the launcher forwards: the signal
+    comes when accelerate has died, which may be after the held rank went on into the next
+    step (seed 3242996796: killed at optimizer_step:3, SIGTERM after step 3, saved at 4)."""
+    return max(stop_steps(replace(trial, fault="sigterm_launcher")))
+
+
+def stop_heard(trial: Trial, logs: str) -> bool | None:
+    """Whether the trainers of a launcher SIGKILLed mid-run (not at the last step, which may
+    end before the signal) logged the SIGTERM its death sends them; None for other trials."""
+    if trial.fault != "sigkill_launcher" or not trial.step or trial.step >= MAX_STEPS:
+        return None
+    return "SIGTERM received by rank" in logs
 
 
 def graceful(trial: Trial) -> bool:
@@ -495,6 +504,7 @@ def run_trial(trial: Trial, folder: Path, reference: Path | None = None, tamper=
             completed=run_is_complete(out),
             ended_at=found.get("killed_at"),
             last_step_after_end=last_step_after_kill(trial),
+            stop_heard=stop_heard(trial, faulted_text),
         )
         if facts.completed and reference is not None and trial.kind.deterministic:
             facts.weights_equal = same_weights(out, reference)
