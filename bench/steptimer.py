@@ -6,7 +6,8 @@
 The same wrapper runs our entry point (src/grpo.py) and the bare TRL script, so both carry the
 same instrumentation: every transformers Trainer built in the process gets one extra
 TrainerCallback that stamps `on_step_end` (wall clock: time.monotonic; CPU time of the process,
-all threads: time.process_time) and keeps the `step_time` and `num_tokens` of each log.
+all threads: time.process_time; minor page faults so far: getrusage ru_minflt) and keeps the
+`step_time` and `num_tokens` of each log.
 What our parts cost (checkpoint saves, the stop callback, heartbeats, step events, the reward
 guard) is what the product records in its own timers (maxent_grpo/timers.py); the bare script
 times its saves into the same timer. Nothing of ours is wrapped here.

@@ -81,7 +81,8 @@ def test_overhead_reads_the_product_timers_of_a_training_run(tmp_path, tiny_mode
     assert result.returncode == 0, result.stderr[-3000:]
     rank0 = json.loads((timers_dir / "rank0.json").read_text())
     assert TRAINER_TIMERS <= set(rank0["timers"]), rank0["timers"].keys()
-    assert [s for s, _, _ in rank0["step_end"]] == [1, 2]
+    assert [s for s, *_ in rank0["step_end"]] == [1, 2]
+    assert all(faults > 0 for *_, faults in rank0["step_end"])  # minor page faults so far
     summary = bench("bench_overhead").steady(
         {"wall_s": 1.0, "rank0": rank0, "peak_rss_kib": [rank0["peak_rss_kib"]]}, warmup=0
     )
@@ -89,6 +90,7 @@ def test_overhead_reads_the_product_timers_of_a_training_run(tmp_path, tiny_mode
     assert summary["stop_callback_s"][0] > 0  # per step: 1 call alone, 2 with several
     assert summary["heartbeat_per_step_s"][0] > 0 and summary["step_events_per_step_s"][0] > 0
     assert summary["guard_per_step_s"][0] >= 0
+    assert len(summary["page_faults"]) == 1 and summary["page_faults"][0] >= 0
 
     # Syncs by site: TRL's generation and the trainer's logging have some in every step; one
     # process of ours adds none (its stop check reads a file).
