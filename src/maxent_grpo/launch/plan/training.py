@@ -73,8 +73,8 @@ def cpu_plan(
 # glibc's heap for CPU training: blocks under 32 MiB from the heap, kept up to 256 MiB free.
 # Left to glibc's defaults, its threshold moves with each process's allocation history, and a
 # step's tensors are mapped and unmapped anew: 4,100-5,900 page faults a step on the smoke
-# recipe against 2,090 with these (and 0.85x the step time; peak RSS no higher), the cost
-# bench/bench_overhead.py found outside every timer (docs/performance.md). On a GPU the
+# recipe against 2,090 with these (peak RSS no higher), the cost bench/bench_overhead.py
+# found outside every timer (docs/performance.md). On a GPU the
 # tensors are CUDA's caching allocator's: not set there.
 CPU_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
