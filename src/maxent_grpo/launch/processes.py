@@ -10,6 +10,7 @@ processes of its tree each time it looks (`members()`, called by the launcher's 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -40,19 +41,40 @@ _LIBC = _libc()
 _PR_SET_PDEATHSIG = 1
 
 
-def _ignore_stop_signals() -> None:
+def _child_signals(stop_signal: int) -> None:
     """In the child, before exec: ignore SIGUSR1/SIGUSR2 (the disposition survives exec), and
-    get SIGTERM when the launcher dies (Linux: PR_SET_PDEATHSIG, kept across exec).
+    get `stop_signal` when the launcher dies (Linux: PR_SET_PDEATHSIG, kept across exec).
 
     Slurm's warning signals are for the launcher, which turns them into a checkpoint request;
     their default action would kill accelerate's launcher or vLLM outright. A launcher killed
     with SIGKILL (no handler runs) so still stops its run, gracefully: the SIGTERM reaches
     accelerate's agent, which forwards it to the trainers, which save and exit.
+
+    A child stopped by another signal than SIGTERM (a server: SERVER_STOP) keeps SIGTERM
+    blocked, a mask that exec and every process it spawns inherit, whatever handler they
+    install (vLLM installs its own): Slurm's SIGTERM reaches every process of a job it
+    requeues, preempts or ends, and a server that stopped on it left the trainers unable to
+    end the step they were saving at (bench/chaos.py, seed 5296057401). The launcher stops
+    it with `stop_signal` once the trainers are done; Slurm's SIGKILL still ends it.
     """
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    if stop_signal != signal.SIGTERM:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        _LIBC.prctl(_PR_SET_PDEATHSIG, stop_signal, 0, 0, 0)
+
+
+# How the launcher stops a server it runs itself: SIGINT, which vLLM (its API server, engine
+# and workers) and the reward-model server take as SIGTERM; SIGTERM stays blocked in them.
+SERVER_STOP = signal.SIGINT
+
+
+def server_stop_signal(command: tuple[str, ...] | list[str]) -> int:
+    """SERVER_STOP for a server this node runs; SIGTERM for one started on another node
+    through srun, which forwards SIGTERM to its task (one SIGINT only makes srun print the
+    step's state). Slurm's own SIGTERM still reaches such a server on its node."""
+    return signal.SIGTERM if command[0] == "srun" else SERVER_STOP
 
 
 # Set in the trainers' environment by the launcher (launch/attempt.py): each training process
@@ -98,8 +120,10 @@ class Child:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         echo: bool = False,
+        stop_signal: int = signal.SIGTERM,
     ):
         self.name = name
+        self.stop_signal = stop_signal
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Append: a requeued attempt adds to the log instead of truncating it. The child
@@ -113,7 +137,7 @@ class Child:
             stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None,
             start_new_session=True,
-            preexec_fn=_ignore_stop_signals,
+            preexec_fn=functools.partial(_child_signals, stop_signal),
         )
         self._pump = None
         self._done = threading.Event()
@@ -215,9 +239,10 @@ class Child:
             time.sleep(poll)
 
     def stop(self, grace: float = 10.0) -> int | None:
-        """SIGTERM the whole group, then SIGKILL what is left after `grace` seconds."""
+        """`stop_signal` (SIGTERM unless told) to the whole group, then SIGKILL what is left
+        after `grace` seconds."""
         if self.proc.poll() is None or self.members():
-            self.signal(signal.SIGTERM)
+            self.signal(self.stop_signal)
             self.wait_group(grace)
         # The leader may be gone while its children linger in the group: kill them all.
         self.signal(signal.SIGKILL)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from maxent_grpo.faults import failpoint
 from maxent_grpo.launch.plan import ServerPlan
-from maxent_grpo.launch.processes import Child
+from maxent_grpo.launch.processes import Child, server_stop_signal
 from maxent_grpo.launch.stacks import dump_server_stacks
 from maxent_grpo.vllm_health import (
     HealthWait,
@@ -59,7 +59,13 @@ class VLLMServer:
             self._log_start = self._log_read = self.log_path.stat().st_size
         except OSError:
             self._log_start = self._log_read = 0
-        self.child = Child("vllm", self.plan.command, self.log_path, env=self.env)
+        self.child = Child(
+            "vllm",
+            self.plan.command,
+            self.log_path,
+            env=self.env,
+            stop_signal=server_stop_signal(self.plan.command),
+        )
         self.health = HealthWait(self.child, self.plan.health_url, self.plan.timeout)
         failpoint("server_start")
         return self
@@ -156,7 +162,8 @@ class VLLMServer:
             self.child.signal(signal.SIGKILL)
 
     def stop(self, grace: float = 10.0) -> int | None:
-        """SIGTERM the server's process group, SIGKILL what is left after `grace` seconds."""
+        """SIGINT the server's process group (SIGTERM through srun), SIGKILL what is left after
+        `grace` seconds."""
         if self.child is None:
             return None
         running = self.child.poll() is None

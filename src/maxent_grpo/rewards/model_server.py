@@ -133,7 +133,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{time.monotonic() - start:.1f}s; POST http://{args.host}:{args.port}/score",
         flush=True,
     )
-    server.serve_forever()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:  # the launcher's stop (SIGINT: launch/processes.py SERVER_STOP)
+        print("reward model server stopped", flush=True)
+    finally:
+        server.server_close()
 
 
 if __name__ == "__main__":
