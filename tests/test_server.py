@@ -198,11 +198,12 @@ def test_healthy_server_then_stop_kills_the_whole_group(tmp_path):
     server = start_server(server_plan([*python_command(source), str(port)], port), tmp_path / "v")
     pgid = server.pid
     assert server.poll() is None
-    assert len(live_processes({pgid})) == 2
+    # The server, the resource tracker its shelter started (launch/shelter.py), the grandchild.
+    assert len(live_processes({pgid})) == 3
     start = time.monotonic()
     server.stop()
     left, _ = wait_until_gone({pgid}, timeout=5)
-    # By the SIGTERM, before stop's 10 s grace would have ended in SIGKILL (idle: ~0.1 s).
+    # By the SIGINT (launch/processes.py SERVER_STOP), before stop's 10 s grace would have ended in SIGKILL (idle: ~0.1 s).
     assert not left and time.monotonic() - start < STOP_GRACE - 1
 
 

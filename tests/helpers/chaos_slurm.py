@@ -382,9 +382,12 @@ def follow(cluster, job, folder, out, hits, held, ends: Ends, timeout: float, cu
         if state in TERMINAL and ends.job_ended is None:
             ends.job_ended = time.time()  # its processes may live on (proctrack/linuxproc)
         runs = attempts(out) if (out / "events.jsonl").exists() else []
-        # An attempt ended: its outcome is written, or Slurm has the job again (requeued) or
-        # done, with no process of it left.
+        # An attempt ended: its outcome is written, a later attempt has started (a SIGKILLed
+        # one writes no outcome, and its requeue may be running again between two polls:
+        # seed 5296057401 read the next attempt's checkpoint as its own), or Slurm has the
+        # job again (requeued) or done, with no process of it left.
         done = sum(1 for events in runs if any(e["event"] == "outcome" for e in events))
+        done = max(done, len(runs) - 1)
         if state in ("PENDING", *TERMINAL) and not job_pids(job):
             done = max(done, len(runs))
         while ended < done:

@@ -50,7 +50,7 @@ def _child_signals(stop_signal: int) -> None:
     with SIGKILL (no handler runs) so still stops its run, gracefully: the SIGTERM reaches
     accelerate's agent, which forwards it to the trainers, which save and exit.
 
-    A child stopped by another signal than SIGTERM (a server: SERVER_STOP) keeps SIGTERM
+    A child stopped by another signal than SIGTERM (a server: server_child) keeps SIGTERM
     blocked, a mask that exec and every process it spawns inherit, whatever handler they
     install (vLLM installs its own): Slurm's SIGTERM reaches every process of a job it
     requeues, preempts or ends, and a server that stopped on it left the trainers unable to
@@ -65,16 +65,22 @@ def _child_signals(stop_signal: int) -> None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, stop_signal, 0, 0, 0)
 
 
-# How the launcher stops a server it runs itself: SIGINT, which vLLM (its API server, engine
-# and workers) and the reward-model server take as SIGTERM; SIGTERM stays blocked in them.
+# How the launcher stops a server it runs on its node: SIGINT, which vLLM (its API server,
+# engine and workers) and the reward-model server take as they took SIGTERM.
 SERVER_STOP = signal.SIGINT
+SHELTER = "maxent_grpo.launch.shelter"
 
 
-def server_stop_signal(command: tuple[str, ...] | list[str]) -> int:
-    """SERVER_STOP for a server this node runs; SIGTERM for one started on another node
-    through srun, which forwards SIGTERM to its task (one SIGINT only makes srun print the
-    step's state). Slurm's own SIGTERM still reaches such a server on its node."""
-    return signal.SIGTERM if command[0] == "srun" else SERVER_STOP
+def server_child(name: str, command: tuple[str, ...], log_path: Path, env: Mapping[str, str]):
+    """A server's process. A Python program on this node runs under the shelter (SIGTERM
+    blocked for good: launch/shelter.py) and is stopped with SERVER_STOP; anything else, a
+    server on another node through srun included, is stopped with SIGTERM, which srun
+    forwards to its task (one SIGINT only makes srun print the step's state): Slurm's own
+    SIGTERM still reaches such a server on its node."""
+    if len(command) > 2 and command[1] in ("-m", "-c") and command[0] != "srun":
+        sheltered = (command[0], "-m", SHELTER, *command[1:])
+        return Child(name, sheltered, log_path, env=env, stop_signal=SERVER_STOP)
+    return Child(name, command, log_path, env=env)
 
 
 # Set in the trainers' environment by the launcher (launch/attempt.py): each training process

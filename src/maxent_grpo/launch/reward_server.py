@@ -24,7 +24,7 @@ from pathlib import Path
 
 from maxent_grpo.faults import failpoint
 from maxent_grpo.launch.plan import RewardModelPlan
-from maxent_grpo.launch.processes import Child, server_stop_signal
+from maxent_grpo.launch.processes import Child, server_child
 from maxent_grpo.vllm_health import (
     ServerError,
     ServerWaitCancelled,
@@ -52,13 +52,7 @@ class RewardModelServer:
         self.child: Child | None = None
 
     def start(self) -> RewardModelServer:
-        self.child = Child(
-            "reward_model",
-            self.plan.command,
-            self.log_path,
-            env=self.env,
-            stop_signal=server_stop_signal(self.plan.command),
-        )
+        self.child = server_child("reward_model", self.plan.command, self.log_path, self.env)
         print(
             f"reward model server starting (pid {self.child.pid}); log: {self.log_path}", flush=True
         )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from maxent_grpo.faults import failpoint
 from maxent_grpo.launch.plan import ServerPlan
-from maxent_grpo.launch.processes import Child, server_stop_signal
+from maxent_grpo.launch.processes import Child, server_child
 from maxent_grpo.launch.stacks import dump_server_stacks
 from maxent_grpo.vllm_health import (
     HealthWait,
@@ -59,13 +59,7 @@ class VLLMServer:
             self._log_start = self._log_read = self.log_path.stat().st_size
         except OSError:
             self._log_start = self._log_read = 0
-        self.child = Child(
-            "vllm",
-            self.plan.command,
-            self.log_path,
-            env=self.env,
-            stop_signal=server_stop_signal(self.plan.command),
-        )
+        self.child = server_child("vllm", self.plan.command, self.log_path, self.env)
         self.health = HealthWait(self.child, self.plan.health_url, self.plan.timeout)
         failpoint("server_start")
         return self
