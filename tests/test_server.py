@@ -203,7 +203,8 @@ def test_healthy_server_then_stop_kills_the_whole_group(tmp_path):
     start = time.monotonic()
     server.stop()
     left, _ = wait_until_gone({pgid}, timeout=5)
-    # By the SIGINT (launch/processes.py SERVER_STOP), before stop's 10 s grace would have ended in SIGKILL (idle: ~0.1 s).
+    # By the SIGINT (launch/processes.py SERVER_STOP), before stop's 10 s grace would have
+    # ended in SIGKILL (idle: ~0.1 s).
     assert not left and time.monotonic() - start < STOP_GRACE - 1
 
 

@@ -27,8 +27,8 @@ from maxent_grpo.launch.server import VLLMServer
 
 # Installs handlers as vLLM does (each signal ends it, naming the signal), starts the
 # resource tracker as vLLM's engine start does (which unblocks SIGTERM) and a child that
-# installs the same handlers, which it stops as vLLM's API server stops its engine: SIGTERM, then SIGKILL
-# after a grace (vllm/v1/utils.py shutdown).
+# installs the same handlers, which it stops as vLLM's API server stops its engine:
+# SIGTERM, then SIGKILL after a grace (vllm/v1/utils.py shutdown).
 SERVER = textwrap.dedent(
     """
     import signal, subprocess, sys, time
