@@ -72,7 +72,11 @@ def test_eval_command_scores_a_checkpoint_once(tmp_path, tiny_model):
     assert repeat.returncode == 0 and len(_evals(out)) == 4  # 3 at step 0, 1 at step 1
 
 
-def test_eval_command_bad_input_is_one_line_before_any_model_loads(tmp_path, tiny_model):
+def test_eval_command_bad_input_is_one_line_before_any_model_loads(tmp_path, tiny_model, capfd):
+    """In process (cli.main, as the console script calls it; output captured at the file
+    descriptors): a subprocess of `maxent-grpo eval` cost ~13 CPU-s of imports per case."""
+    from maxent_grpo import cli
+
     recipe = write_recipe(tmp_path, model_name_or_path=str(tiny_model), benchmarks=["arithmetic"])
     cases = [
         (["--checkpoint", str(tmp_path / "nowhere")], "--checkpoint"),
@@ -82,11 +86,12 @@ def test_eval_command_bad_input_is_one_line_before_any_model_loads(tmp_path, tin
         ),
     ]
     for extra, expected in cases:
-        result = run([MAXENT_GRPO, "eval", "--config", str(recipe), *extra], timeout=120)
-        assert result.returncode == 2, result.stderr
-        (line,) = result.stderr.strip().splitlines()
+        code = cli.main(["eval", "--config", str(recipe), *extra])
+        out, err = capfd.readouterr()
+        assert code == 2, err
+        (line,) = err.strip().splitlines()
         assert line.startswith("error: ") and expected in line, line
-        assert "Loading weights" not in result.stdout + result.stderr
+        assert "Loading weights" not in out + err
     assert not _evals(tmp_path / "out")
 
 
