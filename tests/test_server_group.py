@@ -22,30 +22,37 @@ from maxent_grpo.launch.watch import watch_training
 from maxent_grpo.vllm_health import ServerError
 from test_server import PY, python_command, server_plan
 
-# Answers /health; exits with code 7 after `die_after` s (or, negative, stops answering after
-# -die_after s) on the starts that find no marker file (the marker is written first: with a
-# marker path, only the first start fails; "always": every start).
+# Answers /health; exits with code 7 `die_after` s after its first answer (or, negative, stops
+# answering -die_after s after it) on the starts that find no marker file (the marker is
+# written first: with a marker path, only the first start fails; "always": every start). The
+# clock starts at the first answer so that a slow machine's start cannot fail it before the
+# group has seen it healthy.
 SERVER = """
     import os, sys, threading, time
     from http.server import BaseHTTPRequestHandler, HTTPServer
     port, die_after, marker = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-    state = {"silent": False}
+    state = {"silent": False, "armed": False}
+    def fault():
+        if die_after < 0:
+            threading.Timer(-die_after, lambda: state.update(silent=True)).start()
+        else:
+            died = lambda: (print("engine died", flush=True), os._exit(7))
+            threading.Timer(die_after, died).start()
     class H(BaseHTTPRequestHandler):
         def do_GET(self):
             if state["silent"]:
                 time.sleep(600)  # alive, never answering (one request at a time: all wait)
             self.send_response(200); self.end_headers()
+            if state["armed"]:
+                state["armed"] = False
+                fault()
         def log_message(self, *a):
             pass
     print("serving on", port, flush=True)
     if die_after and not os.path.exists(marker):
         if marker != "always":
             open(marker, "w").close()
-        if die_after < 0:
-            threading.Timer(-die_after, lambda: state.update(silent=True)).start()
-        else:
-            died = lambda: (print("engine died", flush=True), os._exit(7))
-            threading.Timer(die_after, died).start()
+        state["armed"] = True
     HTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
@@ -60,18 +67,35 @@ def trainer(tmp_path: Path, seconds: float) -> Child:
     return Child("train", [PY, "-c", f"import time; time.sleep({seconds})"], tmp_path / "t.log")
 
 
+def trainer_until(flag: Path, then_s: float = 0.0, bound_s: float = 30) -> Child:
+    """A trainer that runs until `flag` exists, then then_s more (at most bound_s in all): as
+    long as the fault and the group's answer to it take on this machine, not a guessed time."""
+    wait = f"import os, time; t = time.monotonic() + {bound_s}\n"
+    wait += f"while not os.path.exists({str(flag)!r}) and time.monotonic() < t: time.sleep(0.05)\n"
+    wait += f"time.sleep({then_s})"
+    return Child("train", [PY, "-c", wait], flag.with_suffix(".log"))
+
+
 class Events(list):
+    """The group's events; with `flag`, the file written at the first `on` event."""
+
+    def __init__(self, flag: Path | None = None, on: str = "server_back"):
+        super().__init__()
+        self.flag, self.on = flag, on
+
     def __call__(self, event: str, **fields) -> None:
         self.append((event, fields))
+        if event == self.on and self.flag:
+            self.flag.touch()
 
 
 def test_a_lost_server_is_restarted_with_its_own_log_and_training_goes_on(tmp_path):
-    events = Events()
+    events = Events(tmp_path / "back")
     plans = (stand_in(), stand_in(die_after=0.3, marker=str(tmp_path / "died-once")))
     group = launch_servers(plans, tmp_path / "run_vllm.log", {}, events)
     try:
-        # Training outlives the loss (0.3 s) and the restart (well under a second here).
-        watched = watch_training(trainer(tmp_path, 1.4), (group,), None, poll=0.1)
+        # Training outlives the loss and the restart.
+        watched = watch_training(trainer_until(events.flag), (group,), None, poll=0.1)
     finally:
         group.stop()
     assert watched.code == 0 and watched.server_died is None
@@ -107,11 +131,11 @@ def test_restarts_are_bounded_and_training_stops_only_when_every_server_is_lost(
 
 def test_one_server_lost_for_good_leaves_training_to_the_other(tmp_path, monkeypatch):
     monkeypatch.setattr(server_group, "MAX_RESTARTS", 0)
-    events = Events()
+    events = Events(tmp_path / "lost", on="server_lost")
     plans = (stand_in(die_after=0.5, marker="always"), stand_in())
     group = launch_servers(plans, tmp_path / "v.log", {}, events)
     try:
-        watched = watch_training(trainer(tmp_path, 1.0), (group,), None, poll=0.1)
+        watched = watch_training(trainer_until(events.flag, 0.3), (group,), None, poll=0.1)
     finally:
         group.stop()
     assert watched.code == 0 and watched.server_died is None
@@ -137,11 +161,11 @@ def test_a_server_that_stops_answering_is_stopped_and_restarted(tmp_path, monkey
     monkeypatch.setattr(server_group, "HEALTH_EVERY_S", 0.1)
     monkeypatch.setattr(server_group, "SILENT_LOST_S", 0.5)
     monkeypatch.setattr(server_group, "HEALTH_PROBE_S", 0.2)
-    events = Events()
+    events = Events(tmp_path / "back")
     plans = (stand_in(), stand_in(die_after=-0.2, marker=str(tmp_path / "silent-once")))
     group = launch_servers(plans, tmp_path / "v.log", {}, events)
     try:
-        watched = watch_training(trainer(tmp_path, 2.0), (group,), None, poll=0.1)
+        watched = watch_training(trainer_until(events.flag), (group,), None, poll=0.1)
     finally:
         group.stop()
     assert watched.code == 0 and watched.server_died is None
@@ -171,12 +195,13 @@ def test_a_slow_start_is_not_counted_as_silence(tmp_path, monkeypatch):
 
 def _second_server_dies_once_under_slurm(tmp_path):
     """Two stand-in servers under a Slurm job, the second dying once, while a trainer runs
-    1.4 s: the run goes on with the first. Returns the stopped group and its events."""
-    events = Events()
+    until 0.5 s after the loss: the run goes on with the first. Returns the stopped group and
+    its events."""
+    events = Events(tmp_path / "lost", on="server_lost")
     plans = (stand_in(), stand_in(die_after=0.3, marker=str(tmp_path / "died-once")))
     group = launch_servers(plans, tmp_path / "v.log", {"SLURM_JOB_ID": "7"}, events)
     try:
-        watched = watch_training(trainer(tmp_path, 1.4), (group,), None, poll=0.1)
+        watched = watch_training(trainer_until(events.flag, 0.5), (group,), None, poll=0.1)
     finally:
         group.stop()
     assert watched.code == 0 and watched.server_died is None
