@@ -173,5 +173,10 @@ def test_both_servers_of_a_plan_get_the_server_stop_and_srun_keeps_sigterm(tmp_p
     remote = server_child("vllm", srun, tmp_path / "remote.log", {})
     assert remote.stop_signal == signal.SIGTERM and remote.proc.args == list(srun)
     remote.stop(grace=1)
+    # A wrapper's own -c (taskset's CPU list) is not Python's: the command is left as it is.
+    pinned = ("taskset", "-c", "0", sys.executable, "-c", "import time; time.sleep(60)")
+    wrapped = server_child("vllm", pinned, tmp_path / "pinned.log", {})
+    assert wrapped.stop_signal == signal.SIGTERM and wrapped.proc.args == list(pinned)
+    wrapped.stop(grace=1)
     assert vllm.child.stop_signal == SERVER_STOP
     assert vllm.child.proc.args == [sys.executable, "-m", SHELTER, "-c", SERVER, "server", SERVER]

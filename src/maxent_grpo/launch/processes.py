@@ -71,13 +71,24 @@ SERVER_STOP = signal.SIGINT
 SHELTER = "maxent_grpo.launch.shelter"
 
 
+def _is_python(program: str) -> bool:
+    """An interpreter's path (python, python3.11, the venv's): not a wrapper such as taskset,
+    whose own -c (a CPU list) would read as Python's."""
+    name = Path(program).name
+    return (
+        program == sys.executable
+        or name.startswith("python")
+        and name[6:].strip("0123456789.") == ""
+    )
+
+
 def server_child(name: str, command: tuple[str, ...], log_path: Path, env: Mapping[str, str]):
     """A server's process. A Python program on this node runs under the shelter (SIGTERM
     blocked for good: launch/shelter.py) and is stopped with SERVER_STOP; anything else, a
     server on another node through srun included, is stopped with SIGTERM, which srun
     forwards to its task (one SIGINT only makes srun print the step's state): Slurm's own
     SIGTERM still reaches such a server on its node."""
-    if len(command) > 2 and command[1] in ("-m", "-c") and command[0] != "srun":
+    if len(command) > 2 and command[1] in ("-m", "-c") and _is_python(command[0]):
         sheltered = (command[0], "-m", SHELTER, *command[1:])
         return Child(name, sheltered, log_path, env=env, stop_signal=SERVER_STOP)
     return Child(name, command, log_path, env=env)
