@@ -11,8 +11,8 @@ run measured, twice over on GPU (four times on CPU, where the kit runs as a test
 work and a step's cost swings with the machine's load), plus 30 s, so that more steps get a
 longer bound and a step does not come back empty because of a fixed one. `report` turns the
 results, with the exit codes and seconds gpu_kit.sh recorded in W/steps/NAME.rc, into
-OUT/gpu_kit.md, OUT/gpu_kit.json and OUT/gpu_kit_logs.txt (report.py). GPU_KIT_TIMED_STEPS: timed steps per side of the ABBA
-comparison (default 30).
+OUT/gpu_kit.md, OUT/gpu_kit.json and OUT/gpu_kit_logs.txt (report.py). GPU_KIT_TIMED_STEPS:
+timed steps per side of the ABBA comparison (default 30).
 """
 
 from __future__ import annotations
