@@ -94,6 +94,24 @@ def test_a_server_outlives_the_job_wide_sigterm_and_stops_on_the_launchers_stop(
     assert "server ended by SIGINT" in log.read_text() and took < 5, (took, log.read_text())
 
 
+def test_a_server_stops_on_sigint_that_its_launcher_ignores_and_blocks(tmp_path):
+    """A launcher started by a shell's `cmd &` ignores SIGINT, and one in a state change
+    (attempt.py move) blocks it: both survive exec. The server still takes the stop (exit -2:
+    Python's default SIGINT handler), not the SIGKILL after the grace (-9)."""
+    log = tmp_path / "server.log"
+    program = "import time; print('server up', flush=True); time.sleep(120)"
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        server = server_child("vllm", (sys.executable, "-c", program), log, {})
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, before)
+    assert _wait_for(lambda: "server up" in log.read_text()), log.read_text()
+    assert server.stop(grace=30) == -signal.SIGINT, log.read_text()
+    assert not server.members()
+
+
 def test_a_trainer_child_still_stops_on_sigterm(tmp_path):
     """Only servers block it: the trainers take Slurm's SIGTERM as a stop at the step end."""
     log = tmp_path / "trainer.log"

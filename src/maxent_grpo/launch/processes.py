@@ -59,6 +59,11 @@ def _child_signals(stop_signal: int) -> None:
     """
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    # The stop signal reaches the child whatever the launcher inherited: a shell's `cmd &`
+    # ignores SIGINT for it, an ignored or blocked signal survives exec, and a server that
+    # ignored its SIGINT stopped only by the SIGKILL after the grace.
+    signal.signal(stop_signal, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
     if stop_signal != signal.SIGTERM:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     if _LIBC is not None:
