@@ -309,76 +309,67 @@ def case_figures(case: str, runs: dict[str, list[dict]]) -> list[dict]:
 
 
 def run_prompts(model: str, count: int) -> list[list[int]]:
-    """The token ids of the first `count` prompts the smoke recipe's trainers see (its data,
-    system prompt and the model's chat template)."""
+    """The token ids of the first `count` prompts the smoke recipe's trainers see: its data,
+    made conversational by the trainers' own conversion (system prompt included), through the
+    model's chat template."""
     import yaml
     from transformers import AutoTokenizer
 
-    from maxent_grpo.data.builtin import builtin_dataset
+    from maxent_grpo.data import builtin_dataset, to_conversation
     from maxent_grpo.recipe.script_keys import ScriptArguments
 
     recipe = yaml.safe_load(SMOKE_VLLM.read_text())
     seed = recipe.get("dataset_seed", ScriptArguments.dataset_seed)
     name = recipe["dataset_name"].removeprefix("builtin:")
     rows = builtin_dataset(name, num_rows=count, seed=seed)
+    rows = to_conversation(rows, recipe["dataset_prompt_column"], None, recipe["system_prompt"])
     tokenizer = AutoTokenizer.from_pretrained(model)
-    system = {"role": "system", "content": recipe["system_prompt"]}
     return [
         list(
             tokenizer.apply_chat_template(
-                [system, {"role": "user", "content": row[recipe["dataset_prompt_column"]]}],
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
+                row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False
             )
         )
         for row in rows
     ]
 
 
-def server_rates(url: str, model: str, sequences: int) -> dict:
-    """The server's limit, asked directly: generated tokens/s with
-    `sequences` completions all `LONG` tokens long in one batch (its full-batch rate)."""
+def completion_lengths(url: str, model: str, prompts: list[list[int]], n: int, **params):
+    """The lengths of `n` completions of each prompt, asked of the server directly."""
     import requests
 
     from maxent_grpo.server_auth import auth_headers
 
-    def ask(n: int, **params) -> list[int]:
-        body = {"model": model, "prompt": [[11, 12, 13, 14]], "n": n, "max_tokens": LONG}
-        body.update(return_token_ids=True, temperature=1.0, **params)
-        answer = requests.post(
-            f"{url}/v1/completions", json=body, headers=auth_headers(), timeout=300
-        )
-        answer.raise_for_status()
-        return [len(choice["token_ids"]) for choice in answer.json()["choices"]]
+    body = {"model": model, "prompt": prompts, "n": n, "max_tokens": LONG}
+    body.update(return_token_ids=True, temperature=1.0, **params)
+    answer = requests.post(f"{url}/v1/completions", json=body, headers=auth_headers(), timeout=300)
+    answer.raise_for_status()
+    return [len(choice["token_ids"]) for choice in answer.json()["choices"]]
 
-    ask(sequences, min_tokens=LONG, ignore_eos=True)  # warm
+
+def server_rates(url: str, model: str, sequences: int) -> dict:
+    """The server's limit, asked directly: generated tokens/s with
+    `sequences` completions all `LONG` tokens long in one batch (its full-batch rate)."""
+    full = dict(min_tokens=LONG, ignore_eos=True)
+    completion_lengths(url, model, [[11, 12, 13, 14]], sequences, **full)  # warm
     rates = []
     for _ in range(3):
         started = time.monotonic()
-        made = sum(ask(sequences, min_tokens=LONG, ignore_eos=True))
+        made = sum(completion_lengths(url, model, [[11, 12, 13, 14]], sequences, **full))
         rates.append(made / (time.monotonic() - started))
     return {"full_batch_tokens_per_s": statistics.median(rates)}
 
 
-def stop_ids(case: str) -> list[int]:
+def case_stop_ids(case: str) -> list[int]:
     return CASES[case]["generation_kwargs"]["stop_token_ids"]
 
 
-def length_shape(url: str, model: str, stop_ids: list[int]) -> dict:
+def length_shape(url: str, model: str, prompts: list[list[int]], stop_ids: list[int]) -> dict:
     """The case's completion lengths under the server's weights now: 4 completions of each of
-    256 of the run's prompts with its stop tokens (median, share reaching LONG). The run's
-    prompts, not a made-up one: on a 4-token prompt 8 stop tokens gave a median of 19-21 and
-    2.3 % at LONG, on these 24-26 and 7-10 %."""
-    import requests
-
-    from maxent_grpo.server_auth import auth_headers
-
-    body = {"model": model, "prompt": run_prompts(model, 256), "n": 4, "max_tokens": LONG}
-    body.update(return_token_ids=True, temperature=1.0, stop_token_ids=stop_ids)
-    answer = requests.post(f"{url}/v1/completions", json=body, headers=auth_headers(), timeout=300)
-    answer.raise_for_status()
-    lengths = [len(choice["token_ids"]) for choice in answer.json()["choices"]]
+    the run's `prompts` with its stop tokens (median, share reaching LONG). The run's prompts,
+    not a made-up one: on a 4-token prompt 8 stop tokens gave a median of 19-21 and 2.3 % at
+    LONG, on these 24-26 and 7-10 %."""
+    lengths = completion_lengths(url, model, prompts, 4, stop_token_ids=stop_ids)
     return {
         "median_length": statistics.median(lengths),
         "share_at_max": sum(1 for n in lengths if n >= LONG) / len(lengths),
@@ -493,8 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     with shared_server(
         workdir, args.processes, base_keys, unpinned=args.server_unpinned
     ) as plan_for:
+        prompts = run_prompts(plan_for.model, 256)
         before = {  # the shape the stop tokens give, before any run pushes weights
-            case: length_shape(plan_for.url, plan_for.model, stop_ids(case))
+            case: length_shape(plan_for.url, plan_for.model, prompts, case_stop_ids(case))
             for case in args.cases
             if case in CASE_SIDES
         }
@@ -525,7 +517,9 @@ def main(argv: list[str] | None = None) -> int:
                 rates[case] = {
                     **server_rates(plan_for.url, plan_for.model, 4 * per_step),
                     "shape_before": before[case],
-                    "shape_after": length_shape(plan_for.url, plan_for.model, stop_ids(case)),
+                    "shape_after": length_shape(
+                        plan_for.url, plan_for.model, prompts, case_stop_ids(case)
+                    ),
                 }
     figures = [
         f
