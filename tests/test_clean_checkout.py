@@ -22,8 +22,12 @@ def test_a_test_that_leaves_a_run_log_in_the_checkout_fails(pytester, monkeypatc
 
         def test_tidy(tmp_path):
             (tmp_path / "x").write_text("x")
+
+        def test_ends_while_another_checks_an_output_dir():
+            # `check`'s writability probe, made and removed at once by another worker's run
+            Path({str(fake / ".write-test-abc")!r}).mkdir()
         """
     )
     result = pytester.runpytest_inprocess("-p", "helpers.clean_checkout", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, errors=1)
+    result.assert_outcomes(passed=3, errors=1)
     result.stdout.fnmatch_lines([f"*test_leaves left files in the checkout: logs/{probe.name}*"])

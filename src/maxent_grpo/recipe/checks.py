@@ -281,6 +281,11 @@ def check_reference_model(training, model) -> None:
         )
 
 
+# The writability probe's name: made and removed at once (a test harness watching a tree may
+# see one in passing).
+WRITE_PROBE_PREFIX = ".write-test-"
+
+
 def check_output_dir(output_dir: str | None) -> None:
     """The output directory must be writable (or creatable) before any training starts.
 
@@ -297,13 +302,13 @@ def check_output_dir(output_dir: str | None) -> None:
         problem = f"{existing} is a file"
     elif existing == path:
         try:
-            with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            with tempfile.NamedTemporaryFile(dir=path, prefix=WRITE_PROBE_PREFIX):
                 pass
         except OSError as exc:
             problem = exc.strerror
     else:
         try:
-            tempfile.TemporaryDirectory(dir=existing, prefix=".write-test-").cleanup()
+            tempfile.TemporaryDirectory(dir=existing, prefix=WRITE_PROBE_PREFIX).cleanup()
         except OSError:
             problem = f"cannot create it in {existing}"
     if problem:
