@@ -474,7 +474,10 @@ def main(argv: list[str] | None = None) -> int:
     # The smoke recipe's 8 completions a step (2 groups of 4), on any process count.
     per_device = 8 // args.processes
     base_keys = dict(
-        max_steps=args.steps, save_strategy="no", per_device_train_batch_size=per_device
+        max_steps=args.steps,
+        save_strategy="no",
+        num_processes=args.processes,
+        per_device_train_batch_size=per_device,
     )
     if args.replicas > 1:  # one engine process each (vLLM's mp executor): not on one core
         base_keys["vllm_data_parallel_size"] = args.replicas

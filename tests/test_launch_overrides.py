@@ -122,8 +122,9 @@ def test_cpu_training_threads_count_the_cpu_server(tiny_model):
     smoke_vllm = str(REPO / "recipes" / "smoke" / "config_grpo_vllm.yaml")
     environment = Environment(cpus=6, cpu_processes=2)
     prepared = prepare(RunRequest(recipe=smoke_vllm), {}, environment, packages=False)
-    # 2 trainers + the CPU vLLM server on 6 CPUs.
-    assert prepared.plan.train.env["OMP_NUM_THREADS"] == "2"
+    # The recipe's one trainer + the CPU vLLM server on 6 CPUs.
+    assert prepared.plan.train.num_processes == 1
+    assert prepared.plan.train.env["OMP_NUM_THREADS"] == "3"
 
 
 def test_slurm_cpu_count_caps_at_the_cpus_we_can_run_on():

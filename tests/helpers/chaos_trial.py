@@ -103,6 +103,9 @@ def recipe_keys(kind: Kind, moment: str, fault: str, folder: Path) -> dict:
     keys.update(num_processes=kind.procs, dataset_num_rows=64, env={"OMP_NUM_THREADS": "1"})
     if kind.server:
         keys.update(max_completion_length=12, vllm_server_timeout=400)  # for a loaded machine
+        # 4 completions a trainer, as the campaign's trials were measured (SMOKE_VLLM ships 8
+        # on its one trainer).
+        keys["per_device_train_batch_size"] = 4
     if moment == "server_start" and fault in ("sigstop_server", "sigstop_reward_server"):
         # A server stopped while it starts is found at vllm_server_timeout (the reward server's
         # too; 1200 s unset): 200 s is over 3x the 59 s vLLM start seen at load 1-3.

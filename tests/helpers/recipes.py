@@ -24,6 +24,7 @@ __all__ = [
     "SMOKE_LORA",
     "SMOKE_MAXENT",
     "SMOKE_VLLM",
+    "TWO_TRAINERS",
     "recipe_data",
     "small_recipe",
     "write_recipe",
@@ -46,6 +47,9 @@ SMALL = dict(dataset_num_rows=128, max_completion_length=12, max_steps=4, save_s
 # a job holds (more than this machine has), and another thread count changes float sums
 # enough (1e-4 after 400 steps) to fail exact-resume comparisons.
 ONE_THREAD = dict(env={"OMP_NUM_THREADS": "1"})
+# Two training processes on SMOKE_VLLM (which ships one, 8 completions a process), the same
+# 8 completions a step: for the tests about what two ranks do against a server.
+TWO_TRAINERS = dict(num_processes=2, per_device_train_batch_size=4)
 
 
 def recipe_data(folder: Path, base: Path | None = SMOKE, **keys) -> dict:

@@ -24,6 +24,7 @@ from test_training_slurm import (
 )
 
 from helpers.paths import MAXENT_GRPO, REPO, SMOKE_VLLM
+from helpers.recipes import TWO_TRAINERS
 from helpers.resume import saved_ahead
 
 pytestmark = pytest.mark.multinode
@@ -64,7 +65,13 @@ def test_three_nodes_vllm_server_on_the_first_trains_on_the_others(
     # Async generation across nodes (docs/async.md): the main process, on node 2, gathers both
     # trainers' next prompts and sends them ahead; the checkpoint at step 2 waits for them.
     recipe = _small(
-        tmp_path, tiny_model, SMOKE_VLLM, max_steps=4, save_steps=2, async_generation=True
+        tmp_path,
+        tiny_model,
+        SMOKE_VLLM,
+        max_steps=4,
+        save_steps=2,
+        async_generation=True,
+        **TWO_TRAINERS,  # one on each training node
     )
     t0 = time.monotonic()
     job = sbatch_training(cluster, tmp_path, recipe, "--nodes=3")

@@ -29,6 +29,7 @@ from test_multinode_runs import _small
 from test_training_slurm import sbatch_training, slurm_out, wait_for
 
 from helpers.paths import REPO, SMOKE_VLLM
+from helpers.recipes import TWO_TRAINERS
 from maxent_grpo.train.server_pool import REJOIN_EVERY_S
 
 pytestmark = pytest.mark.multinode
@@ -113,7 +114,7 @@ def test_two_server_nodes_one_killed_mid_run_comes_back(multinode_cluster, tmp_p
     out, gate = tmp_path / "out", tmp_path / "hold-training"
     env = {"OMP_NUM_THREADS": "1", "SLOW_REWARD_S": "0.3", "GATE_REWARD_FILE": str(gate)}
     keys = {"reward_funcs": [GATED], "reward_weights": None, "env": env}
-    keys.update(async_generation=True, max_staleness=MAX_STALENESS)
+    keys.update(async_generation=True, max_staleness=MAX_STALENESS, **TWO_TRAINERS)
     recipe = _small(
         tmp_path, tiny_model, SMOKE_VLLM, max_steps=STEPS, save_steps=STEPS, vllm_nodes=2, **keys
     )

@@ -29,7 +29,7 @@ import pytest
 import torch
 from shared_servers import plan_on
 
-from helpers.recipes import SMOKE_VLLM, write_recipe
+from helpers.recipes import SMOKE_VLLM, TWO_TRAINERS, write_recipe
 from helpers.resume import assert_resumed_from, event_count, mark_tampered, saved_ahead
 from helpers.runs import run
 from maxent_grpo.rundir.checkpoints import (
@@ -92,6 +92,7 @@ def test_async_generation_overlaps_saves_in_flight_completions_and_resumes(
         max_completion_length=16,
         max_steps=STEPS,
         save_steps=1000,  # the only checkpoint before the end is the stop's
+        num_processes=2,
         per_device_train_batch_size=8,  # 2 groups a process
         oversample_factor=1.5,
         rollout_filters=["diverse"],
@@ -190,6 +191,7 @@ def test_two_steps_ahead_in_chunks_with_maxent_and_lora_resume_on_the_saved_pref
         max_completion_length=24,
         max_steps=6,
         save_steps=1000,
+        **TWO_TRAINERS,
         **MAXENT,
         **LORA,
     )

@@ -18,7 +18,7 @@ import pytest
 
 from helpers.paths import MAXENT_GRPO, REPO
 from helpers.procs import wait_until_gone
-from helpers.recipes import SMOKE_VLLM, write_recipe
+from helpers.recipes import SMOKE_VLLM, TWO_TRAINERS, write_recipe
 from helpers.runs import child_env
 
 pytestmark = pytest.mark.vllm
@@ -45,6 +45,7 @@ def test_a_stopped_server_is_a_hang_with_stacks_and_nothing_left(tmp_path, tiny_
         max_steps=2000,
         save_steps=2,
         hang_timeout=HANG_TIMEOUT,
+        **TWO_TRAINERS,  # both ranks' stacks
     )
     with open(tmp_path / "launcher.out", "wb") as sink:
         proc = subprocess.Popen(

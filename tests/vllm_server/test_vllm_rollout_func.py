@@ -39,6 +39,7 @@ def test_a_rollout_func_generates_through_the_server_in_sync(
         reward_funcs=["length", "tests.helpers.rollout_funcs:was_checked"],
         reward_weights=[1.0, 0.0],
         num_generations=8,
+        num_processes=2,
         per_device_train_batch_size=16,  # 2 groups a process
         max_completion_length=96,  # room for an answer, the check text and a second turn
         max_steps=4,

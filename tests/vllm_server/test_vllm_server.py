@@ -157,7 +157,7 @@ def test_grpo_with_disk_sync_keeps_the_server_on_the_trained_weights(served, tin
     result = subprocess.run(
         list(plan.train.command), cwd=REPO, env=env, capture_output=True, text=True, timeout=900
     )
-    measured("training 3 steps against the server (2 CPU processes)", time.monotonic() - start)
+    measured("training 3 steps against the server (1 CPU process)", time.monotonic() - start)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     out = served.tmp / "out"
 

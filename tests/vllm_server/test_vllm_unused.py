@@ -11,4 +11,5 @@ from helpers.trainer_imports import trainer_imports
 
 @pytest.mark.parametrize(("base", "loaded"), [(SMOKE, False), (SMOKE_VLLM, True)])
 def test_trainers_load_vllm_only_when_the_recipe_uses_it(tmp_path, base, loaded):
-    assert trainer_imports(write_recipe(tmp_path, base=base))["vllm"] == [loaded, loaded]
+    ranks = trainer_imports(write_recipe(tmp_path, base=base))["vllm"]  # one answer a rank
+    assert ranks and set(ranks) == {loaded}, ranks
