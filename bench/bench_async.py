@@ -36,7 +36,9 @@ Cases:
   ways, ABBA: synchronous, one step ahead (k1), four (k4: `max_staleness: 4`) and four in
   25-token chunks (k4_partial: `partial_rollout_tokens: 25`). Its figures: steps per hour of
   each against k1 and sync, the completion tokens trained per second against the server's
-  full-batch rate (32 completions of 100 tokens in one request, asked directly), the case's
+  full-batch rate (32 completions of 100 tokens in one request, asked directly), the tokens
+  the server generated (vLLM's /metrics counter) per CPU-second of its processes against the
+  full batch's (how full its batch is when it works, whichever side waits), the case's
   length distribution (4 completions of each of 256 of the run's prompts, asked directly),
   the trainers' busy share, the
   staleness and the share of completions made under two policies. `--cases` picks cases.
@@ -173,12 +175,14 @@ def run_once(workdir: Path, name: str, base: Path, plan_for, keys: dict, process
     command, env = plan_for(recipe)  # its host and port are the shared server's
     command = ["taskset", "-c", TRAINER_CORES, *command]
     server_before, trainer_before = server_cpu(), children_cpu()
+    made_before = generated_tokens(plan_for.url)
     started = time.monotonic()
     result = subprocess.run(
         command, env=child_env(**env), capture_output=True, text=True, timeout=900
     )
     wall = time.monotonic() - started
     trainer_cpu, server_s = children_cpu() - trainer_before, server_cpu() - server_before
+    made = generated_tokens(plan_for.url) - made_before
     if result.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     steps = step_metrics(folder / "out")
@@ -187,6 +191,8 @@ def run_once(workdir: Path, name: str, base: Path, plan_for, keys: dict, process
         "wall_s": wall,
         "trainer_cpu_s": trainer_cpu,
         "server_cpu_s": server_s,
+        "server_tokens": made,
+        "server_tokens_per_cpu_s": made / max(server_s, 1e-9),
         "load": list(os.getloadavg()),
         **summary(steps, per_step),
     }
@@ -347,17 +353,37 @@ def completion_lengths(url: str, model: str, prompts: list[list[int]], n: int, *
     return [len(choice["token_ids"]) for choice in answer.json()["choices"]]
 
 
+def generated_tokens(url: str) -> float:
+    """The tokens the server has generated so far (vLLM's counter on /metrics)."""
+    import requests
+
+    from maxent_grpo.server_auth import auth_headers
+
+    answer = requests.get(f"{url}/metrics", headers=auth_headers(), timeout=30)
+    answer.raise_for_status()
+    counter = "vllm:generation_tokens_total"
+    lines = [line for line in answer.text.splitlines() if line.startswith(counter)]
+    if not lines:
+        raise RuntimeError(f"{url}/metrics has no {counter}")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
 def server_rates(url: str, model: str, sequences: int) -> dict:
-    """The server's limit, asked directly: generated tokens/s with
-    `sequences` completions all `LONG` tokens long in one batch (its full-batch rate)."""
+    """The server's limit, asked directly: generated tokens per second and per CPU-second of
+    its processes with `sequences` completions all `LONG` tokens long in one batch (its
+    full-batch rate)."""
     full = dict(min_tokens=LONG, ignore_eos=True)
     completion_lengths(url, model, [[11, 12, 13, 14]], sequences, **full)  # warm
-    rates = []
+    rates, per_cpu = [], []
     for _ in range(3):
-        started = time.monotonic()
+        started, cpu = time.monotonic(), server_cpu()
         made = sum(completion_lengths(url, model, [[11, 12, 13, 14]], sequences, **full))
         rates.append(made / (time.monotonic() - started))
-    return {"full_batch_tokens_per_s": statistics.median(rates)}
+        per_cpu.append(made / max(server_cpu() - cpu, 1e-9))
+    return {
+        "full_batch_tokens_per_s": statistics.median(rates),
+        "full_batch_tokens_per_cpu_s": statistics.median(per_cpu),
+    }
 
 
 def case_stop_ids(case: str) -> list[int]:
@@ -422,12 +448,14 @@ def deep_figures(case: str, runs: dict[str, list[dict]], rates: dict) -> list[di
             + ", ".join(f"{side} {middle(side, 'tokens_per_s'):.0f}" for side in runs),
         ),
         figure(
-            f"{case}: server tokens/s while busy, k4_partial / its full-batch rate",
-            best / (middle("k4_partial", "server_busy") or 1.0) / rates["full_batch_tokens_per_s"],
+            f"{case}: server tokens per CPU-second, k4_partial / its full batch's",
+            middle("k4_partial", "server_tokens_per_cpu_s") / rates["full_batch_tokens_per_cpu_s"],
             "x",
             is_ratio=True,
-            note="the tokens/s above over the server's busy share of the median step: how full "
-            f"its batch is when it works (busy share {middle('k4_partial', 'server_busy')})",
+            note="how full its batch is when it works: the tokens it generated (vLLM's counter) "
+            "over its processes' CPU-seconds, weight reloads included; full batch "
+            f"{rates['full_batch_tokens_per_cpu_s']:.0f}; per side: "
+            + ", ".join(f"{side} {middle(side, 'server_tokens_per_cpu_s'):.0f}" for side in runs),
         ),
         *[
             figure(
